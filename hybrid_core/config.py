@@ -1,0 +1,399 @@
+"""The run configuration: one frozen pydantic tree that mirrors OpenRLHF 0.11's dotted flags.
+
+`RunConfig.actor.adam.lr` is `--actor.adam.lr`; defaults are OpenRLHF's, and fields marked PROJECT are ours.
+Bounds live on the fields and every cross-field rule lives in `RunConfig`'s one validator, which reports all
+broken rules at once. This module knows nothing about parsing flags (see `flags.py`) or about torch and Ray.
+"""
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
+
+
+class ConfigError(ValueError):
+    """A configuration with one or more problems; `problems` holds one message per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class ConfigBlock(BaseModel):
+    """Base of every config model: immutable, and unknown keys are errors rather than silently dropped."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdamConfig(ConfigBlock):
+    lr: float = Field(1e-6, gt=0, description="Adam learning rate")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas (beta1 beta2)")
+    eps: float = Field(1e-8, gt=0, description="Adam epsilon")
+    weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay")
+
+
+class MuonConfig(ConfigBlock):
+    lr: float = Field(0.02, gt=0, description="Muon learning rate")
+    momentum: float = Field(0.95, ge=0, lt=1, description="Muon momentum")
+    ns_steps: int = Field(5, gt=0, description="Newton-Schulz iterations (ignored by DeepSpeed)")
+    nesterov: bool = Field(True, description="Nesterov momentum; --<role>.muon.no_nesterov turns it off")
+
+
+class OptimizerFields(ConfigBlock):
+    """The optimizer block shared by the actor and the critic."""
+
+    optim: Literal["adam", "muon"] = Field("adam", description="optimizer")
+    adam: AdamConfig = Field(default_factory=AdamConfig, description="Adam settings (optim=adam)")
+    muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon settings (optim=muon)")
+    lr_scheduler: Literal["cosine_with_min_lr", "constant", "linear", "cosine"] = Field(
+        "cosine_with_min_lr", description="learning-rate schedule")
+    lr_warmup_ratio: float = Field(0.03, ge=0, le=1, description="fraction of steps spent warming up")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak lr")
+    max_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+
+
+class ActorConfig(OptimizerFields):
+    model_name_or_path: str | None = Field(None, description="HF model id or local path of the policy")
+    num_nodes: int = Field(1, gt=0, description="nodes for the actor")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the actor")
+    gradient_checkpointing_enable: bool = Field(False, description="activation checkpointing")
+    gradient_checkpointing_reentrant: bool = Field(False, description="reentrant checkpointing")
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip range")
+    eps_clip_low_high: tuple[float, float] | None = Field(None, description="asymmetric clip (low high)")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (> 1)")
+    policy_loss_type: Literal["ppo", "gspo"] = Field("ppo", description="token-level PPO or sequence-level GSPO")
+    aux_loss_coef: float = Field(0.0, ge=0, description="MoE balance loss coefficient")
+    entropy_coef: float | None = Field(None, description="entropy bonus (None: off, 0: log only)")
+    freeze_visual_encoder: bool = Field(False, description="freeze the vision tower (VLM)")
+
+
+class CriticConfig(OptimizerFields):
+    adam: AdamConfig = Field(default_factory=lambda: AdamConfig(lr=9e-6), description="Adam settings")
+    model_name_or_path: str | None = Field(None, description="critic model (default: reward model path)")
+    num_nodes: int = Field(1, gt=0, description="nodes for the critic")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the critic")
+    value_clip: float = Field(0.5, gt=0, description="value clip range")
+    freezing_steps: int = Field(-1, ge=-1, description="keep the actor frozen for the first N steps")
+    save_value_network: bool = Field(False, description="also save the value network")
+
+
+class RefConfig(ConfigBlock):
+    num_nodes: int = Field(1, gt=0, description="nodes for the reference model")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the reference model")
+    offload: bool = Field(False, description="ZeRO param offload of the reference model to CPU")
+
+
+class RewardConfig(ConfigBlock):
+    model_name_or_path: str | None = Field(None, description="reward model path")
+    remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
+    num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the reward model")
+    offload: bool = Field(False, description="ZeRO param offload of the reward model to CPU")
+    normalize_enable: bool = Field(False, description="normalize rewards with the RM's mean/std")
+    clip_range: tuple[float, float] = Field((-10.0, 10.0), description="reward clip range (low high)")
+    overlong_buffer_len: int | None = Field(None, gt=0, description="DAPO overlong buffer length")
+    overlong_penalty_factor: float = Field(1.0, ge=0, description="DAPO overlong penalty factor")
+    stop_properly_penalty_coef: float | None = Field(None, description="ProRL truncation penalty")
+    timeout_s: float = Field(180.0, gt=0, description="PROJECT: timeout of one remote reward call")
+    max_retries: int = Field(5, ge=0, description="PROJECT: retries of one remote reward call")
+
+
+class VllmConfig(ConfigBlock):
+    num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
+    tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
+    sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
+    sync_with_ray: bool = Field(False, description="build the sync group with ray.util.collective")
+    enable_prefix_caching: bool = Field(False, description="vLLM prefix caching")
+    enforce_eager: bool = Field(False, description="disable CUDA graphs")
+    enable_sleep: bool = Field(False, description="sleep vLLM between rollouts")
+    gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="vLLM share of GPU memory")
+    sync_bucket_mb: int = Field(256, gt=0, description="PROJECT: weight-sync bucket size in MiB")
+    sleep_level: Literal[1, 2] = Field(1, description="PROJECT: vLLM sleep level (2 also drops weights)")
+
+
+class LoraConfig(ConfigBlock):
+    rank: int = Field(0, ge=0, description="LoRA rank (0: off)")
+    alpha: int = Field(16, gt=0, description="LoRA alpha")
+    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"], description="LoRA targets")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+
+
+class DsConfig(ConfigBlock):
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
+    param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
+    adam_offload: bool = Field(False, description="offload Adam states to CPU")
+    zpg: int = Field(1, gt=0, description="ZeRO++ hpZ partition size")
+    overlap_comm: bool = Field(False, description="overlap communication with compute")
+    grad_accum_dtype: str | None = Field(None, description="gradient accumulation dtype")
+    deepcompile: bool = Field(False, description="DeepCompile")
+    enable_sleep: bool = Field(False, description="offload DeepSpeed states between train phases")
+    tensor_parallel_size: int = Field(1, gt=0, description="DeepSpeed AutoTP degree")
+    ring_attn_size: int = Field(1, gt=0, description="ring attention group size")
+    ring_attn_head_stride: int = Field(1, gt=0, description="ring attention head stride")
+    packing_samples: bool = Field(False, description="pack samples without padding")
+    attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
+    experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
+        None, description="MoE experts implementation")
+    use_liger_kernel: bool = Field(False, description="Liger kernels")
+    load_in_4bit: bool = Field(False, description="QLoRA 4-bit loading")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings")
+    value_head_prefix: str = Field("score", description="value head module name")
+    use_universal_ckpt: bool = Field(False, description="DeepSpeed universal checkpoints")
+
+
+class AdvantageConfig(ConfigBlock):
+    estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = Field(
+        "gae", description="advantage estimator (gae needs a critic)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount")
+    lambd: float = Field(1.0, ge=0, le=1, description="GAE lambda")
+    no_std_norm: bool = Field(False, description="skip dividing advantages by their std")
+    is_correction_enable: bool = Field(False, description="importance-sampling correction vs vLLM logprobs")
+    is_correction_threshold: tuple[float, float] = Field((0.5, 5.0), description="IS ratio bounds (low high)")
+    is_correction_type: Literal["tis", "icepop", "seq-mask-tis"] = Field("tis", description="IS correction kind")
+
+
+class KlConfig(ConfigBlock):
+    init_coef: float = Field(0.01, ge=0, description="KL coefficient (0: no reference model)")
+    target: float | None = Field(None, gt=0, description="adaptive KL target (None: fixed)")
+    horizon: int = Field(10000, gt=0, description="adaptive KL horizon")
+    estimator: Literal["k1", "k2", "k3"] = Field("k1", description="KL estimator")
+    use_loss: bool = Field(False, description="KL as a loss term instead of a reward penalty")
+
+
+class AlgoConfig(ConfigBlock):
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="advantage settings")
+    kl: KlConfig = Field(default_factory=KlConfig, description="KL settings")
+    dynamic_filtering_enable: bool = Field(False, description="drop groups whose mean reward is out of range")
+    dynamic_filtering_range: tuple[float, float] = Field((0.0, 1.0), description="kept mean reward (low high)")
+
+
+class RolloutConfig(ConfigBlock):
+    batch_size: int = Field(1024, gt=0, description="prompts per step")
+    n_samples_per_prompt: int = Field(1, gt=0, description="samples per prompt")
+    micro_batch_size: int = Field(1, gt=0, description="experience forward micro-batch")
+    vllm_generate_batch_size: int | None = Field(None, gt=0, description="prompts per generate call")
+    max_new_tokens: int | None = Field(None, gt=0, description="max response tokens (None: max_len - prompt)")
+    max_tokens_per_gpu: int | None = Field(None, gt=0, description="dynamic-batch token budget (forward)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+
+
+class TrainConfig(ConfigBlock):
+    batch_size: int = Field(128, gt=0, description="samples per optimizer step")
+    micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
+    max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
+    num_episodes: int = Field(1, gt=0, description="passes over the prompts")
+    seed: int = Field(42, description="random seed")
+    full_determinism_enable: bool = Field(False, description="deterministic kernels")
+    dynamic_batch_enable: bool = Field(False, description="token-balanced micro-batches")
+    max_tokens_per_gpu: int = Field(16192, gt=0, description="dynamic-batch token budget (train)")
+    colocate_all: bool = Field(False, description="all roles and vLLM share the actor's GPUs")
+    colocate_actor_ref: bool = Field(False, description="actor and ref share GPUs")
+    colocate_critic_reward: bool = Field(False, description="critic and reward model share GPUs")
+    async_enable: bool = Field(False, description="generate and train concurrently")
+    async_queue_size: int = Field(1, gt=0, description="async rollout queue size")
+    partial_rollout_enable: bool = Field(False, description="partial rollouts (async)")
+    enable_ema: bool = Field(False, description="EMA of the actor")
+    ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay")
+    agent_func_path: str | None = Field(None, description="multi-turn agent .py file")
+    max_steps: int | None = Field(None, gt=0, description="PROJECT: cap on steps")
+    device: Literal["cuda", "cpu"] = Field("cuda", description="PROJECT: cpu asks Ray for CPU bundles only")
+    stage_timeout_s: float = Field(3600.0, gt=0, description="PROJECT: timeout of one stage")
+
+
+class DataConfig(ConfigBlock):
+    prompt_dataset: str | None = Field(None, description="prompt dataset(s), comma-separated")
+    prompt_probs: str | None = Field(None, description="sampling probabilities, comma-separated")
+    prompt_split: str = Field("train", description="dataset split")
+    input_key: str = Field("input", description="prompt column")
+    label_key: str | None = Field(None, description="label column")
+    input_template: str | None = Field(None, description="prompt template containing {}")
+    apply_chat_template: bool = Field(False, description="apply the tokenizer's chat template")
+    max_len: int = Field(2048, gt=0, description="max prompt+response tokens")
+    max_samples: int = Field(100000000, gt=0, description="max prompts used")
+    disable_fast_tokenizer: bool = Field(False, description="use the slow tokenizer")
+    dataloader_num_workers: int = Field(0, ge=0, description="dataloader workers")
+    image_key: str = Field("images", description="image column (VLM)")
+    max_images_per_prompt: int = Field(0, ge=0, description="images per prompt (0: text only)")
+
+
+class EvalConfig(ConfigBlock):
+    dataset: str | None = Field(None, description="eval dataset (needs a remote reward or agent)")
+    split: str = Field("train", description="eval split")
+    steps: int = Field(-1, ge=-1, description="evaluate every N steps (-1: never)")
+    temperature: float = Field(0.6, ge=0, description="eval temperature")
+    n_samples_per_prompt: int = Field(4, gt=0, description="eval samples per prompt")
+
+
+class CkptConfig(ConfigBlock):
+    path: str = Field("./ckpt/checkpoints_ppo_ray", description="DeepSpeed checkpoint directory")
+    output_dir: str = Field("./ckpt", description="final HF model directory")
+    save_steps: int = Field(-1, ge=-1, description="checkpoint every N steps (-1: never)")
+    save_hf: bool = Field(False, description="also save HF weights at each checkpoint")
+    disable_ds: bool = Field(False, description="skip DeepSpeed checkpoints")
+    max_num: int = Field(3, gt=0, description="checkpoints kept")
+    max_mem: float = Field(1e8, gt=0, description="checkpoint disk budget in GB")
+    load_enable: bool = Field(False, description="resume from ckpt.path")
+    best_metric_key: str = Field("", description="metric for the best checkpoint ('none' disables)")
+
+
+class WandbConfig(ConfigBlock):
+    key: str | None = Field(None, description="W&B API key (enables W&B)")
+    org: str | None = Field(None, description="W&B entity")
+    group: str | None = Field(None, description="W&B group")
+    project: str = Field("openrlhf_train_ppo", description="W&B project")
+    run_name: str | None = Field(None, description="W&B run name")
+
+
+class LoggerConfig(ConfigBlock):
+    logging_steps: int = Field(1, gt=0, description="log every N steps")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard directory")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="W&B settings")
+
+
+class StoreConfig(ConfigBlock):
+    root: str = Field("runs", description="PROJECT: run store, a local dir or s3://bucket/prefix")
+
+
+class RunConfig(ConfigBlock):
+    """The whole run: one sub-config per flag namespace, checked together by `_check_rules`."""
+
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="policy model (--actor.*)")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="value model, gae only (--critic.*)")
+    ref: RefConfig = Field(default_factory=RefConfig, description="reference model (--ref.*)")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="reward source (--reward.*)")
+    vllm: VllmConfig = Field(default_factory=VllmConfig, description="rollout engines (--vllm.*)")
+    ds: DsConfig = Field(default_factory=DsConfig, description="DeepSpeed (--ds.*)")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="advantages and KL (--algo.*)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="generation (--rollout.*)")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="training loop (--train.*)")
+    data: DataConfig = Field(default_factory=DataConfig, description="prompts (--data.*)")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation (--eval.*)")
+    ckpt: CkptConfig = Field(default_factory=CkptConfig, description="checkpoints (--ckpt.*)")
+    logger: LoggerConfig = Field(default_factory=LoggerConfig, description="metrics (--logger.*)")
+    store: StoreConfig = Field(default_factory=StoreConfig, description="rollout store (--store.*)")
+    use_ms: bool = Field(False, description="download models from ModelScope")
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> RunConfig:
+        problems = [*_sleep_problems(self), *_estimator_problems(self), *_filtering_problems(self),
+                    *_colocation_problems(self), *_value_problems(self)]
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    @property
+    def actor_world_size(self) -> int:
+        return self.actor.num_nodes * self.actor.num_gpus_per_node
+
+    @property
+    def num_rollout_gpus(self) -> int:  # 0 without vLLM engines
+        return (self.vllm.num_engines or 0) * self.vllm.tensor_parallel_size
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algo.advantage.estimator == "gae"
+
+    @property
+    def uses_ref(self) -> bool:
+        return self.algo.kl.init_coef > 0
+
+    @property
+    def uses_reward_model(self) -> bool:  # a remote reward or an agent replaces the reward model
+        return self.reward.remote_url is None and self.train.agent_func_path is None
+
+
+def _sleep_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.vllm.enable_sleep and cfg.train.async_enable:
+        problems.append("vllm.enable_sleep cannot be combined with train.async_enable: async mode keeps vLLM "
+                        "generating; drop --vllm.enable_sleep or --train.async_enable")
+    if cfg.vllm.enable_sleep and not cfg.train.colocate_all:
+        problems.append("vllm.enable_sleep requires train.colocate_all: got train.colocate_all=False; "
+                        "add --train.colocate_all or drop --vllm.enable_sleep")
+    return problems
+
+
+def _estimator_problems(cfg: RunConfig) -> list[str]:
+    estimator, n = cfg.algo.advantage.estimator, cfg.rollout.n_samples_per_prompt
+    if estimator in GROUP_ESTIMATORS and n <= 1:
+        return [f"algo.advantage.estimator {estimator!r} needs rollout.n_samples_per_prompt > 1: got {n}; "
+                "pass --rollout.n_samples_per_prompt 2 or more, or use --algo.advantage.estimator reinforce"]
+    return []
+
+
+def _filtering_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.algo.dynamic_filtering_enable and cfg.reward.remote_url is None and cfg.train.agent_func_path is None:
+        problems.append("algo.dynamic_filtering_enable needs reward.remote_url or train.agent_func_path: got "
+                        "neither; pass --reward.remote_url or drop --algo.dynamic_filtering_enable")
+    if cfg.algo.dynamic_filtering_enable and cfg.rollout.n_samples_per_prompt <= 1:
+        problems.append("algo.dynamic_filtering_enable needs rollout.n_samples_per_prompt > 1: got "
+                        f"{cfg.rollout.n_samples_per_prompt}; pass --rollout.n_samples_per_prompt 2 or more, "
+                        "or drop --algo.dynamic_filtering_enable")
+    return problems
+
+
+def _colocation_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.train.colocate_all and not cfg.train.async_enable and cfg.vllm.num_engines is not None:
+        if cfg.actor_world_size != cfg.num_rollout_gpus:
+            problems.append(
+                "train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
+                f"vllm.tensor_parallel_size: got {cfg.actor_world_size} and {cfg.num_rollout_gpus}; "
+                "change --vllm.num_engines or --actor.num_gpus_per_node so both sides match")
+    # A colocated pair shares one placement group, so both roles must ask for the same nodes × GPUs.
+    pairs = []
+    if (cfg.train.colocate_all or cfg.train.colocate_actor_ref) and cfg.uses_ref:
+        pairs.append((cfg.ref, "ref", cfg.actor, "actor"))
+    if cfg.train.colocate_critic_reward and cfg.uses_critic and cfg.uses_reward_model:
+        pairs.append((cfg.reward, "reward", cfg.critic, "critic"))
+    for role, name, owner, owner_name in pairs:
+        got, want = (role.num_nodes, role.num_gpus_per_node), (owner.num_nodes, owner.num_gpus_per_node)
+        if got != want:
+            problems.append(f"{name}.num_nodes and {name}.num_gpus_per_node must equal {owner_name}'s when "
+                            f"colocated: got {got} and {want}; pass --{name}.num_nodes {want[0]} "
+                            f"--{name}.num_gpus_per_node {want[1]}")
+    return problems
+
+
+def _value_problems(cfg: RunConfig) -> list[str]:
+    ranges = {"reward.clip_range": cfg.reward.clip_range,
+              "algo.dynamic_filtering_range": cfg.algo.dynamic_filtering_range,
+              "algo.advantage.is_correction_threshold": cfg.algo.advantage.is_correction_threshold}
+    problems = [f"{name} must have low < high: got {value!r}; pass --{name} LOW HIGH with LOW < HIGH"
+                for name, value in ranges.items() if not value[0] < value[1]]
+    low_high = cfg.actor.eps_clip_low_high
+    if low_high is not None and min(low_high) < 0:
+        problems.append(f"actor.eps_clip_low_high must be >= 0: got {low_high!r}; e.g. pass 0.2 0.28")
+    template = cfg.data.input_template
+    if template is not None and "{}" not in template:
+        problems.append(f"data.input_template must contain '{{}}' where the prompt goes: got {template!r}; "
+                        "e.g. --data.input_template 'Question: {} Answer:'")
+    return problems
+
+
+def leaf_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str, FieldInfo]:
+    """Every leaf field of `model` by dotted path ("actor.adam.lr"), in declaration order."""
+    paths: dict[str, FieldInfo] = {}
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            paths.update(leaf_paths(info.annotation, f"{prefix}{name}."))
+        else:
+            paths[f"{prefix}{name}"] = info
+    return paths
+
+
+def leaf_values(cfg: BaseModel) -> dict[str, Any]:
+    """Every leaf value of `cfg` by dotted path."""
+    return {path: attrgetter(path)(cfg) for path in leaf_paths(type(cfg))}
+
+
+def changed_fields(cfg: RunConfig) -> list[str]:
+    """Dotted paths whose value differs from `RunConfig()`'s, in declaration order."""
+    defaults = leaf_values(RunConfig())
+    return [path for path, value in leaf_values(cfg).items() if value != defaults[path]]

@@ -1,0 +1,78 @@
+"""Arrow schemas of the stage datasets and the step's metrics row.
+
+Owns the column names and types of `rollout`, `reward`, `advantage` and `metrics` (DESIGN.md §2), and the metric
+keys computed from them. It knows nothing about how the values were produced.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pyarrow as pa
+
+ints = pa.list_(pa.int32())
+floats = pa.list_(pa.float32())
+ROLLOUT_SCHEMA = pa.schema([
+    ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("prompt_ids", ints), ("response_ids", ints),
+    ("prompt_text", pa.string()), ("response_text", pa.string()), ("rollout_logprobs", floats),
+    ("finish_reason", pa.string()), ("label", pa.string()), ("policy_version", pa.int64()),
+])
+REWARD_SCHEMA = pa.schema([
+    ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("reward", pa.float32()), ("score", pa.float32()),
+    ("extra_logs", pa.string()),
+])
+ADVANTAGE_SCHEMA = pa.schema([
+    ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("old_logprobs", floats), ("ref_logprobs", floats),
+    ("advantages", floats), ("returns", floats),
+])
+
+
+def rollout_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+
+
+def reward_table(keys: list[tuple[int, int]], rewards: list[float], scores: list[float],
+                 extra_logs: list[dict]) -> pa.Table:
+    return pa.table({
+        "prompt_index": [k[0] for k in keys], "sample_index": [k[1] for k in keys], "reward": rewards,
+        "score": scores, "extra_logs": [json.dumps(e, sort_keys=True, default=float) for e in extra_logs],
+    }, schema=REWARD_SCHEMA)
+
+
+def advantage_table(keys: list[tuple[int, int]], columns: dict[str, list[list[float]]]) -> pa.Table:
+    data = {"prompt_index": [k[0] for k in keys], "sample_index": [k[1] for k in keys]}
+    return pa.table(data | {name: columns[name] for name in ADVANTAGE_SCHEMA.names[2:]}, schema=ADVANTAGE_SCHEMA)
+
+
+def sample_keys(table: pa.Table) -> list[tuple[int, int]]:
+    return list(zip(table.column("prompt_index").to_pylist(), table.column("sample_index").to_pylist()))
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return 0.0, 0.0
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train_stats: dict,
+                 timings: dict[str, float]) -> dict[str, float]:
+    """The metrics row of a step: reward, advantage, actor and rollout figures plus `timing_s/<stage>`."""
+    reward_mean, reward_std = _mean_std(reward.column("reward").to_pylist())
+    adv_tokens = [a for row in advantage.column("advantages").to_pylist() for a in row]
+    adv_mean, adv_std = _mean_std(adv_tokens)
+    lengths = [len(r) for r in rollout.column("response_ids").to_pylist()]
+    rollout_s = timings.get("rollout", 0.0)
+    metrics = {
+        "reward/mean": reward_mean, "reward/std": reward_std, "advantage/mean": adv_mean, "advantage/std": adv_std,
+        "actor/kl": train_stats.get("experience_kl", 0.0), "actor/policy_loss": train_stats.get("policy_loss", 0.0),
+        "actor/clip_ratio": train_stats.get("clip_ratio", 0.0),
+        "rollout/response_length_mean": statistics.fmean(lengths) if lengths else 0.0,
+        "rollout/tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
+    }
+    extra = {f"actor/{k}": v for k, v in train_stats.items()
+             if k in ("kl_loss", "approx_kl", "grad_norm", "lr", "dual_clip_ratio")}
+    return metrics | extra | {f"timing_s/{stage}": float(s) for stage, s in timings.items()}
+
+
+def metrics_table(step: int, metrics: dict[str, float]) -> pa.Table:
+    return pa.Table.from_pylist([{"step": step} | metrics])

@@ -1,0 +1,121 @@
+"""The DeepSpeed train engine: ZeRO-wrapped policy, micro-batched forward/backward/step, sleep, HF export.
+
+Owns the DeepSpeed config (ZeRO stage, dtype, AdamW, clipping, schedule), gradient accumulation to one optimizer
+step per `train.batch_size` samples, and DeepSpeed sleep (optimizer states, grads and fp32 masters to host).
+The loss of a micro-batch comes from the caller (`loss_fn`); this module knows no RL maths, Ray or store.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
+from hybrid_core.engines.frozen_model import batched_logprobs, device_name, load_causal_lm
+
+log = logging.getLogger(__name__)
+STALE_LOCK_S = 600
+
+
+def clear_stale_build_locks(extensions_dir: str) -> None:
+    """A JIT build killed midway leaves a `lock` file and every later build waits on it forever: remove old ones."""
+    for lock in Path(extensions_dir).glob("*/lock"):
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            log.warning("removing stale DeepSpeed build lock %s", lock)
+            lock.unlink(missing_ok=True)
+
+
+def ds_config(actor: ActorConfig, ds: DsConfig, train: TrainConfig) -> dict:
+    adam = actor.adam
+    return {
+        "train_batch_size": train.batch_size,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.batch_size // train.micro_batch_size,
+        "gradient_clipping": actor.max_norm,
+        "zero_optimization": {"stage": ds.zero_stage, "overlap_comm": False},
+        "bf16": {"enabled": ds.param_dtype == "bf16"},
+        "fp16": {"enabled": ds.param_dtype == "fp16"},
+        "optimizer": {"type": "AdamW", "params": {"lr": adam.lr, "betas": list(adam.betas), "eps": adam.eps,
+                                                  "weight_decay": adam.weight_decay, "torch_adam": True}},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def make_scheduler_factory(actor: ActorConfig, total_optimizer_steps: int) -> Callable:
+    from transformers import get_scheduler
+
+    warmup = math.ceil(total_optimizer_steps * actor.lr_warmup_ratio)
+    extra = {"scheduler_specific_kwargs": {"min_lr_rate": actor.min_lr_ratio}} \
+        if actor.lr_scheduler == "cosine_with_min_lr" else {}
+    return lambda optimizer: get_scheduler(actor.lr_scheduler, optimizer, num_warmup_steps=warmup,
+                                           num_training_steps=max(total_optimizer_steps, 1), **extra)
+
+
+class DeepSpeedTrainEngine:
+    """One DeepSpeed rank holding the trainable policy."""
+
+    def __init__(self, model_path: str, actor: ActorConfig, ds: DsConfig, train: TrainConfig,
+                 total_optimizer_steps: int, pad_id: int):
+        import deepspeed
+
+        if train.batch_size % train.micro_batch_size:
+            raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size: got "
+                             f"{train.batch_size} and {train.micro_batch_size}")
+        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        model = load_causal_lm(model_path, ds.param_dtype)
+        if actor.gradient_checkpointing_enable:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
+        self.engine, *_ = deepspeed.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=ds_config(actor, ds, train), lr_scheduler=make_scheduler_factory(actor, total_optimizer_steps))
+        self.micro_batch_size, self.pad_id = train.micro_batch_size, pad_id
+        self.is_zero3, self.can_sleep = ds.zero_stage == 3, ds.enable_sleep and device_name() == "cuda"
+        if ds.enable_sleep and not self.can_sleep:
+            log.info("ds.enable_sleep: training on CPU keeps every state in host memory already")
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    def logprobs(self, prompt_ids, response_ids, micro_batch_size: int) -> list[list[float]]:
+        self.engine.eval()
+        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, micro_batch_size)
+
+    def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]]) -> dict:
+        """Backward one micro-batch; DeepSpeed steps the optimizer at the accumulation boundary.
+
+        `loss_fn` returns a loss already normalised for the whole optimizer step (a global token mean), so DeepSpeed
+        must not divide it by the accumulation steps again.
+        """
+        self.engine.train()
+        loss, stats = loss_fn(self.engine)
+        self.engine.backward(loss, scale_wrt_gas=False)
+        is_boundary = self.engine.is_gradient_accumulation_boundary()
+        self.engine.step()
+        if is_boundary:
+            stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
+            stats["lr"] = float(self.engine.get_lr()[0])
+        return stats
+
+    def sleep(self) -> None:
+        """Optimizer states, grads and fp32 masters to host; the bf16 weights stay for logprob forwards."""
+        if self.can_sleep:
+            self.engine.offload_states()
+
+    def wake_up(self) -> None:
+        if self.can_sleep:
+            self.engine.reload_states()
+
+    def save_hf(self, out_dir: str, tokenizer=None) -> None:
+        """Write HF weights (gathered under ZeRO-3) to `out_dir`."""
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        state = self.engine._zero3_consolidated_16bit_state_dict() if self.is_zero3 else self.module.state_dict()
+        self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)

@@ -1,0 +1,64 @@
+"""One step's rollout and reward stages on the rollout side: prompts → n samples each → rows; rows → rewards.
+
+Owns prompt tokenisation (template, left truncation to `max_len − max_new_tokens`), per-prompt seeds derived from
+(run seed, step, prompt index), and turning completions and reward_func results into stage rows.
+It knows nothing about Ray or where rows are stored.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow as pa
+
+from hybrid_core.data.prompts import Prompt, format_prompt
+from hybrid_core.data.stage_tables import reward_table, rollout_table, sample_keys
+from hybrid_core.engines.vllm_rollout import SamplingSettings, VllmRolloutEngine
+from hybrid_core.rewards.reward_func import score_samples
+
+
+def derive_seed(seed: int, step: int, prompt_index: int) -> int:
+    """A stable 31-bit seed per (run seed, step, prompt): retries regenerate exactly the same samples."""
+    digest = hashlib.sha256(f"{seed}/{step}/{prompt_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    apply_chat_template: bool
+    input_template: str | None
+    max_len: int
+
+
+def tokenize_prompts(tokenizer, prompts: list[Prompt], fmt: PromptFormat, max_new_tokens: int):
+    """Prompt strings and their token ids, left-truncated so prompt + response fits in `data.max_len`."""
+    budget = max(1, fmt.max_len - max_new_tokens)
+    texts = [format_prompt(p.text, tokenizer, fmt.apply_chat_template, fmt.input_template) for p in prompts]
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"][-budget:] for t in texts]
+    return texts, ids
+
+
+def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], fmt: PromptFormat,
+                  sampling: SamplingSettings, seed: int, step: int, policy_version: int) -> pa.Table:
+    """Generate `sampling.n` samples per prompt; rows are prompt-major (a prompt's samples are contiguous)."""
+    texts, ids = tokenize_prompts(tokenizer, prompts, fmt, sampling.max_new_tokens)
+    seeds = [derive_seed(seed, step, p.index) for p in prompts]
+    completions = engine.generate(ids, sampling, seeds)
+    rows = []
+    for prompt, text, prompt_ids, samples in zip(prompts, texts, ids, completions):
+        for j, c in enumerate(samples):
+            rows.append({"prompt_index": prompt.index, "sample_index": j, "prompt_ids": prompt_ids,
+                         "response_ids": c.token_ids, "prompt_text": text, "response_text": c.text,
+                         "rollout_logprobs": c.logprobs, "finish_reason": c.finish_reason, "label": prompt.label,
+                         "policy_version": policy_version})
+    return rollout_table(rows)
+
+
+def reward_rows(rollout: pa.Table, reward_func: Callable, source: str) -> pa.Table:
+    """Score every sample with reward_func(queries, prompts, labels); query = prompt text + response text."""
+    prompts = rollout.column("prompt_text").to_pylist()
+    responses = rollout.column("response_text").to_pylist()
+    queries = [p + r for p, r in zip(prompts, responses)]
+    batch = score_samples(reward_func, source, queries, prompts, rollout.column("label").to_pylist())
+    return reward_table(sample_keys(rollout), batch.rewards, batch.scores, batch.extra_logs)

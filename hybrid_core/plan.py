@@ -1,0 +1,235 @@
+"""What `hybrid plan` prints and what `hybrid train` checks before anything starts.
+
+Owns the list of flags whose behaviour exists (`IMPLEMENTED_FLAGS`), the placement of roles on GPU bundles
+(mirroring OpenRLHF's placement groups) and the preflight problems. Pure functions of a `RunConfig`: no torch,
+no Ray; the caller counts GPUs and creates the placement groups.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybrid_core.config import RunConfig, changed_fields, leaf_values
+
+IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
+    "actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_per_node", "actor.eps_clip",
+    "actor.eps_clip_low_high", "actor.dual_clip", "actor.policy_loss_type", "actor.gradient_checkpointing_enable",
+    "actor.adam.lr", "actor.adam.betas", "actor.adam.eps", "actor.adam.weight_decay", "actor.max_norm",
+    "actor.lr_scheduler", "actor.lr_warmup_ratio", "actor.min_lr_ratio",
+    "ref.num_nodes", "ref.num_gpus_per_node",
+    "reward.remote_url", "reward.clip_range",
+    "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.enable_sleep", "vllm.sleep_level",
+    "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_bucket_mb",
+    "ds.zero_stage", "ds.param_dtype", "ds.enable_sleep",
+    "algo.advantage.estimator", "algo.advantage.no_std_norm", "algo.kl.init_coef", "algo.kl.estimator",
+    "algo.kl.use_loss",
+    "rollout.batch_size", "rollout.n_samples_per_prompt", "rollout.micro_batch_size", "rollout.max_new_tokens",
+    "rollout.temperature", "rollout.top_p",
+    "train.batch_size", "train.micro_batch_size", "train.max_epochs", "train.num_episodes", "train.seed",
+    "train.colocate_all", "train.max_steps", "train.device", "train.stage_timeout_s",
+    "data.prompt_dataset", "data.input_key", "data.label_key", "data.input_template", "data.apply_chat_template",
+    "data.max_len", "data.max_samples",
+    "logger.logging_steps", "store.root",
+})
+
+# Choice fields where only some values work yet; checked even when the value is the default.
+IMPLEMENTED_VALUES: dict[str, frozenset[str]] = {
+    "algo.advantage.estimator": frozenset({"reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}),
+    "actor.policy_loss_type": frozenset({"ppo", "gspo"}),
+}
+
+# OpenRLHF gives each colocated role 0.2 GPU per bundle; more than five roles would overcommit the GPU.
+MAX_SHARED_GPU_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    """One placement group: `num_bundles` bundles of one GPU (or CPU), each shared by `roles`."""
+
+    roles: tuple[str, ...]
+    num_bundles: int
+    num_nodes: int
+
+    @property
+    def gpu_share(self) -> float:
+        """The GPU fraction each role asks on every bundle (1.0 when alone)."""
+        if len(self.roles) == 1:
+            return 1.0
+        return min(MAX_SHARED_GPU_FRACTION, 1.0 / len(self.roles))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every role runs. `num_gpus` is 0 on device cpu, where bundles ask for CPUs only."""
+
+    groups: tuple[GpuGroup, ...]
+    num_engines: int
+    tensor_parallel_size: int
+    device: str
+
+    @property
+    def num_bundles(self) -> int:
+        return sum(group.num_bundles for group in self.groups)
+
+    @property
+    def num_gpus(self) -> int:
+        return 0 if self.device == "cpu" else self.num_bundles
+
+    def group_of(self, role: str) -> GpuGroup | None:
+        return next((group for group in self.groups if role in group.roles), None)
+
+
+def _role_sizes(cfg: RunConfig) -> dict[str, tuple[int, int]]:
+    """(num_nodes, num_gpus_per_node) of every role this run creates, in the order OpenRLHF places them."""
+    sizes = {"actor": (cfg.actor.num_nodes, cfg.actor.num_gpus_per_node)}
+    if cfg.uses_ref:
+        sizes["ref"] = (cfg.ref.num_nodes, cfg.ref.num_gpus_per_node)
+    if cfg.uses_critic:
+        sizes["critic"] = (cfg.critic.num_nodes, cfg.critic.num_gpus_per_node)
+    if cfg.uses_reward_model:
+        sizes["reward"] = (cfg.reward.num_nodes, cfg.reward.num_gpus_per_node)
+    return sizes
+
+
+def _shared_roles(cfg: RunConfig, roles: list[str]) -> list[list[str]]:
+    """Partition the DeepSpeed roles into the sets that share one placement group."""
+    if cfg.train.colocate_all:
+        return [roles]
+    together = []
+    if cfg.train.colocate_actor_ref:
+        together.append({"actor", "ref"})
+    if cfg.train.colocate_critic_reward:
+        together.append({"critic", "reward"})
+    partition = [[role for role in roles if role in pair] for pair in together]
+    partition = [part for part in partition if part]
+    return partition + [[role] for role in roles if not any(role in part for part in partition)]
+
+
+def make_placement(cfg: RunConfig) -> Placement:
+    """Group the roles into placement groups as OpenRLHF's launcher does (see inventory §1.2)."""
+    sizes = _role_sizes(cfg)
+    partition = _shared_roles(cfg, list(sizes))
+    has_rollout = cfg.num_rollout_gpus > 0
+    # vLLM joins the colocated group only in sync mode: async keeps it generating on its own GPUs.
+    rollout_joins = has_rollout and cfg.train.colocate_all and not cfg.train.async_enable
+    groups = []
+    for part in partition:
+        num_nodes, gpus_per_node = sizes[part[0]]  # colocated roles have equal sizes (a config rule)
+        roles = (*part, "rollout") if rollout_joins and "actor" in part else tuple(part)
+        groups.append(GpuGroup(roles, num_nodes * gpus_per_node, num_nodes))
+    if has_rollout and not rollout_joins:
+        num_nodes = math.ceil(cfg.num_rollout_gpus / cfg.actor.num_gpus_per_node)  # nodes as wide as the actor's
+        groups.append(GpuGroup(("rollout",), cfg.num_rollout_gpus, num_nodes))
+    return Placement(tuple(groups), cfg.vllm.num_engines or 0, cfg.vllm.tensor_parallel_size, cfg.train.device)
+
+
+def not_implemented(cfg: RunConfig) -> list[str]:
+    """Every set flag whose behaviour does not exist yet, and every choice whose value is not implemented.
+
+    Lines read like `--ds.packing_samples (set to True)`.
+    """
+    values = leaf_values(cfg)
+    lines = [f"--{path} (set to {values[path]!r})" for path in changed_fields(cfg) if path not in IMPLEMENTED_FLAGS]
+    for path, allowed in IMPLEMENTED_VALUES.items():
+        if values[path] not in allowed:
+            lines.append(f"--{path} (value {values[path]!r}; implemented: {', '.join(sorted(allowed))})")
+    return lines
+
+
+def _group_line(index: int, group: GpuGroup, placement: Placement) -> str:
+    unit = "CPU bundles" if placement.device == "cpu" else "bundles of 1 GPU"
+    shares = ", ".join(f"{role} {group.gpu_share:g}" for role in group.roles)
+    return (f"  group {index}: {group.num_bundles} {unit} on {group.num_nodes} node(s); "
+            f"roles and GPU share per bundle: {shares}")
+
+
+def _rollout_line(cfg: RunConfig, placement: Placement) -> str:
+    if placement.num_engines == 0:
+        return "rollout: no vLLM engines (--vllm.num_engines is not set)"
+    group = placement.group_of("rollout")
+    where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
+    return (f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}")
+
+
+def render_plan(cfg: RunConfig) -> str:
+    """The human report of `hybrid plan`: size, placement groups, sleep modes and not-implemented flags."""
+    placement = make_placement(cfg)
+    nodes = math.ceil(placement.num_bundles / cfg.actor.num_gpus_per_node)
+    lines = [f"device: {placement.device}; needs {placement.num_gpus} GPUs "
+             f"({placement.num_bundles} bundles) on {nodes} node(s) of {cfg.actor.num_gpus_per_node}",
+             "placement:"]
+    lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
+    lines.append(_rollout_line(cfg, placement))
+    vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
+    lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
+    missing = not_implemented(cfg)
+    lines.append("not implemented yet:" + ("" if missing else " none"))
+    lines += [f"  {line}" for line in missing]
+    return "\n".join(lines)
+
+
+def preflight_problems(cfg: RunConfig, num_gpus_found: int) -> list[str]:
+    """Why `hybrid train` must not start: unimplemented flags and missing hardware (empty when it may).
+
+    Args:
+        num_gpus_found: GPUs visible to the caller (it imports torch or asks Ray; this module does neither).
+    """
+    problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
+    if cfg.train.device == "cpu" and cfg.actor_world_size > 1:
+        problems.append("flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU "
+                        f"(got {cfg.actor_world_size}); use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
+    problems += _slice_problems(cfg) + _missing_inputs(cfg)
+    num_gpus = make_placement(cfg).num_gpus
+    if num_gpus > num_gpus_found:
+        problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
+                        "or lower --actor.num_gpus_per_node and --vllm.num_engines")
+    return problems
+
+
+def _slice_problems(cfg: RunConfig) -> list[str]:
+    """Shapes of runs whose code path does not exist yet (TODO(#6): multi-rank DeepSpeed, several engines)."""
+    problems = []
+    if cfg.train.device == "cuda" and cfg.actor_world_size > 1:
+        problems.append(f"not implemented yet: more than one actor rank on GPUs (got {cfg.actor_world_size}); "
+                        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
+    if (cfg.vllm.num_engines or 1) > 1 or cfg.vllm.tensor_parallel_size > 1:
+        problems.append("not implemented yet: more than one vLLM engine or TP > 1; use --vllm.num_engines 1 "
+                        "--vllm.tensor_parallel_size 1")
+    if not cfg.train.colocate_all:
+        problems.append("not implemented yet: separate GPU groups per role; add --train.colocate_all")
+    if cfg.reward.remote_url and not cfg.reward.remote_url.endswith(".py"):
+        problems.append(f"not implemented yet: HTTP reward servers (reward.remote_url={cfg.reward.remote_url!r}); "
+                        "give a .py file defining reward_func")
+    return problems
+
+
+def _missing_inputs(cfg: RunConfig) -> list[str]:
+    """Local inputs that must exist before anything starts (this checks files only, never the network)."""
+    checks = [("actor.model_name_or_path", cfg.actor.model_name_or_path, "a local HF model directory"),
+              ("data.prompt_dataset", cfg.data.prompt_dataset, "a local JSONL/Parquet file or dataset directory"),
+              ("reward.remote_url", cfg.reward.remote_url, "a .py file defining reward_func")]
+    problems = []
+    for field, value, what in checks:
+        if value is None:
+            problems.append(f"{field} is required: got None; give {what}")
+        elif not value.startswith(("http://", "https://")) and not Path(value).exists():
+            problems.append(f"{field} does not exist: got {value!r}; give {what}")
+    return problems
+
+
+def count_gpus() -> int:
+    """GPUs visible to this process, from `nvidia-smi -L` (no torch import, no network); 0 without a driver."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return found if visible is None else min(found, len([d for d in visible.split(",") if d.strip()]))

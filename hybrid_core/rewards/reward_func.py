@@ -1,0 +1,69 @@
+"""Loading and calling a user reward function: `reward_func(queries, prompts, labels, **kwargs)`.
+
+Owns the seed's interface contract (returns {"rewards", "scores", "extra_logs"}) and its validation: a function that
+raises, returns the wrong length or a NaN fails with a message naming the file. It knows nothing of Ray or the store.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class RewardBatch:
+    rewards: list[float]
+    scores: list[float]
+    extra_logs: list[dict]
+
+
+def load_reward_func(path: str) -> Callable:
+    """Import `reward_func` from a Python file given as `--reward.remote_url path/to/file.py`."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"reward.remote_url points to a missing file: got {path!r}; give a .py file "
+                                f"defining reward_func(queries, prompts, labels, **kwargs)")
+    spec = importlib.util.spec_from_file_location(f"reward_module_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "reward_func", None)):
+        raise ValueError(f"reward.remote_url file defines no reward_func: got {path!r}; add "
+                         f"def reward_func(queries, prompts, labels, **kwargs)")
+    return module.reward_func
+
+
+def _as_floats(value, name: str, n: int, source: str) -> list[float]:
+    values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+    if len(values) != n:
+        raise ValueError(f"reward_func in {source} returned {len(values)} {name} for {n} samples; return one each")
+    floats = [float(v) for v in values]
+    if any(math.isnan(v) or math.isinf(v) for v in floats):
+        raise ValueError(f"reward_func in {source} returned a non-finite {name[:-1]}: {floats}; return finite numbers")
+    return floats
+
+
+def score_samples(func: Callable, source: str, queries: list[str], prompts: list[str],
+                  labels: list[str]) -> RewardBatch:
+    """Call the function once on the whole batch and check what it returns."""
+    out = func(queries, prompts, labels)
+    if not isinstance(out, dict) or "rewards" not in out:
+        raise ValueError(f"reward_func in {source} must return a dict with 'rewards': got {type(out).__name__}")
+    n = len(queries)
+    rewards = _as_floats(out["rewards"], "rewards", n, source)
+    scores = _as_floats(out["scores"], "scores", n, source) if "scores" in out else list(rewards)
+    extra = out.get("extra_logs") or {}
+    per_sample = [{k: _item(v, i) for k, v in extra.items()} for i in range(n)]
+    return RewardBatch(rewards, scores, per_sample)
+
+
+def _item(value, i: int):
+    """extra_logs values may be per-sample sequences/tensors or one scalar for the batch."""
+    if isinstance(value, torch.Tensor):
+        return value.reshape(-1)[i].item() if value.numel() > 1 else value.item()
+    if isinstance(value, (list, tuple)):
+        return value[i]
+    return value

@@ -1,0 +1,119 @@
+"""Ray placement for a run: connecting to Ray, the colocated placement group, and creating/killing named actors.
+
+Owns the only reads of environment variables (RAY_ADDRESS, cache locations) and the runtime env each role's
+process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, rendezvous ports). Actors are named
+`<run_id>/<role>/<rank>` in the namespace `hybrid-<run_id>`, detached, and killed when the run ends.
+It knows nothing about Prefect or what the workers compute.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from hybrid_core.types import RunRef
+
+log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 900
+
+
+def extensions_dir() -> str:
+    """DeepSpeed's JIT cache: one folder the project owns, so stale build locks can be found and cleared."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "hybrid-engine" / "torch_extensions")
+
+
+def connect(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
+    """Attach to RAY_ADDRESS when set (a cluster, or `ray start --head`), else start a local Ray."""
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    quiet = {"log_to_driver": True, "configure_logging": True, "logging_level": logging.WARNING}
+    if address:
+        ray.init(address=address, **quiet)
+    else:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, include_dashboard=False,
+                 object_store_memory=256 * 2**20, **quiet)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def role_env(role: str, on_cpu: bool) -> dict[str, str]:
+    """Environment of a role's process, set through Ray's runtime env."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
+    if role == "rollout":
+        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1",
+                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    else:
+        env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    if on_cpu:
+        env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    return env
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one actor goes: a bundle of the run's placement group and its share of that bundle."""
+
+    bundle_index: int
+    share: float
+
+
+class RunPlacement:
+    """The run's placement group (one bundle per actor rank) and the actors placed in it."""
+
+    def __init__(self, run: RunRef, num_bundles: int, on_cpu: bool):
+        self.run, self.on_cpu = run, on_cpu
+        bundle = {"CPU": 1} if on_cpu else {"CPU": 1, "GPU": 1}
+        self.pg = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK",
+                                  name=f"{run.run_id}/pg", lifetime="detached")
+        ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)
+
+    def spawn(self, cls, role: str, slot: Slot, *args, rank: int = 0):
+        """Create the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one)."""
+        name = self.run.actor_name(role, rank)
+        kill_actor(name, self.run.namespace)
+        resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
+            {"num_cpus": 0, "num_gpus": slot.share}
+        strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle_index)
+        return ray.remote(cls).options(name=name, namespace=self.run.namespace, lifetime="detached",
+                                       scheduling_strategy=strategy,
+                                       runtime_env={"env_vars": role_env(role, self.on_cpu)},
+                                       **resources).remote(*args)
+
+    def remove(self) -> None:
+        remove_placement_group(self.pg)
+
+
+def get_worker(run: RunRef, role: str, rank: int = 0):
+    return ray.get_actor(run.actor_name(role, rank), namespace=run.namespace)
+
+
+def kill_actor(name: str, namespace: str) -> bool:
+    try:
+        ray.kill(ray.get_actor(name, namespace=namespace), no_restart=True)
+        return True
+    except ValueError:
+        return False
+
+
+def kill_run(run: RunRef, roles=("rollout", "ref", "actor", "critic", "reward"), num_ranks: int = 8) -> None:
+    """Kill every actor of the run and its placement group."""
+    for role in roles:
+        for rank in range(num_ranks):
+            kill_actor(run.actor_name(role, rank), run.namespace)
+    try:
+        remove_placement_group(ray.util.get_placement_group(f"{run.run_id}/pg"))
+    except ValueError:
+        pass

@@ -1,0 +1,16 @@
+"""RefWorker: the Ray actor holding the frozen reference policy for KL; answers logprob forwards only."""
+from __future__ import annotations
+
+from hybrid_core.engines.frozen_model import FrozenModel, load_tokenizer
+
+
+class RefWorker:
+    def __init__(self, model_path: str, param_dtype: str, micro_batch_size: int):
+        self.model = FrozenModel(model_path, param_dtype, load_tokenizer(model_path).pad_token_id)
+        self.micro_batch_size = micro_batch_size
+
+    def ready(self) -> bool:
+        return True
+
+    def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        return self.model.logprobs(prompt_ids, response_ids, self.micro_batch_size)

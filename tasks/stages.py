@@ -1,0 +1,52 @@
+"""The five stages of a step as Prefect tasks: each calls one worker method and returns a small StageResult.
+
+Retries only where a stage is idempotent (seeded generation and scoring, committed atomically; weight pushes);
+`train` never retries blindly. Tasks hold no tensors and do no maths.
+"""
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from hybrid_core.types import RunRef, StageResult
+from tasks.workers import call
+
+STAGE_OPTIONS = dict(cache_policy=NO_CACHE, retry_delay_seconds=5)
+
+
+def _logged(result: StageResult) -> StageResult:
+    extra = " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())
+    get_run_logger().info("%s step %d: %d rows in %.2fs %s", result.stage, result.step, result.rows,
+                          result.seconds, extra)
+    return result
+
+
+@task(name="rollout", task_run_name="rollout-step-{step}", retries=2, **STAGE_OPTIONS)
+def rollout(run: RunRef, step: int) -> StageResult:
+    """Wake the engines, generate n samples per prompt of step `step`, sleep them, commit `rollout`."""
+    return _logged(call(run, "rollout", "generate", step))
+
+
+@task(name="reward", task_run_name="reward-step-{step}", retries=2, **STAGE_OPTIONS)
+def reward(run: RunRef, step: int) -> StageResult:
+    """Score the committed rollouts with the reward function; commit `reward`."""
+    return _logged(call(run, "rollout", "score", step))
+
+
+@task(name="advantage", task_run_name="advantage-step-{step}", retries=1, **STAGE_OPTIONS)
+def advantage(run: RunRef, step: int) -> StageResult:
+    """Old and reference logprobs, KL, baselines, returns, whitening; commit `advantage`."""
+    return _logged(call(run, "actor", "make_experience", step))
+
+
+@task(name="train", task_run_name="train-step-{step}", retries=0, **STAGE_OPTIONS)
+def train(run: RunRef, step: int) -> StageResult:
+    """Wake DeepSpeed, update the policy on the step's samples, put it back to sleep."""
+    return _logged(call(run, "actor", "train", step))
+
+
+@task(name="sync", task_run_name="sync-step-{step}", retries=2, **STAGE_OPTIONS)
+def sync(run: RunRef, step: int, timings: dict[str, float]) -> dict[str, float]:
+    """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
+    result = _logged(call(run, "actor", "sync", step))
+    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds})

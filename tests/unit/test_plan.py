@@ -1,0 +1,127 @@
+"""plan: placement groups, the not-implemented list and the preflight checks of `hybrid train`."""
+import pytest
+
+from hybrid_core.config import RunConfig, leaf_paths
+from hybrid_core.flags import parse_cli
+from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
+                              preflight_problems, render_plan)
+from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
+
+SEED_NOT_IMPLEMENTED = [
+    "--actor.entropy_coef (set to 0.0)",
+    "--ds.ring_attn_size (set to 2)",
+    "--ds.ring_attn_head_stride (set to 2)",
+    "--ds.packing_samples (set to True)",
+    "--algo.advantage.is_correction_enable (set to True)",
+    "--algo.advantage.is_correction_type (set to 'icepop')",
+    "--algo.dynamic_filtering_enable (set to True)",
+    "--rollout.max_tokens_per_gpu (set to 32768)",
+    "--train.dynamic_batch_enable (set to True)",
+    "--ckpt.path (set to './exp/Qwen3-4B-Thinking/ckpt')",
+    "--ckpt.output_dir (set to './exp/Qwen3-4B-Thinking')",
+    "--ckpt.save_steps (set to 10)",
+    "--ckpt.save_hf (set to True)",
+]
+
+
+def config(**blocks) -> RunConfig:
+    return RunConfig.model_validate(blocks)
+
+
+def test_implemented_flags_are_real_fields():
+    assert IMPLEMENTED_FLAGS <= set(leaf_paths())
+    assert len(IMPLEMENTED_FLAGS) == 61
+    assert set(IMPLEMENTED_VALUES) <= IMPLEMENTED_FLAGS
+
+
+def test_seed_placement_is_one_colocated_group():
+    placement = make_placement(parse_cli(SEED_ARGV))
+    # kl.init_coef 1e-5 > 0 keeps the ref; reinforce_baseline drops the critic; remote_url drops the reward model
+    assert placement.groups == (GpuGroup(("actor", "ref", "rollout"), num_bundles=4, num_nodes=1),)
+    assert placement.groups[0].gpu_share == 0.2
+    assert (placement.num_gpus, placement.num_engines, placement.tensor_parallel_size) == (4, 2, 2)
+    assert placement.group_of("critic") is None
+
+
+def test_seed_plan_text():
+    text = render_plan(parse_cli(SEED_ARGV))
+    lines = text.splitlines()
+    assert lines[0] == "device: cuda; needs 4 GPUs (4 bundles) on 1 node(s) of 4"
+    assert lines[2] == ("  group 1: 4 bundles of 1 GPU on 1 node(s); roles and GPU share per bundle: "
+                        "actor 0.2, ref 0.2, rollout 0.2")
+    assert lines[3] == ("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7")
+    assert lines[4] == "sleep: vLLM on (level 1), DeepSpeed on"
+    assert lines[5] == "not implemented yet:"
+    assert lines[6:] == [f"  {line}" for line in SEED_NOT_IMPLEMENTED]
+    for flag in ("--ds.packing_samples", "--ds.ring_attn_size", "--algo.dynamic_filtering_enable",
+                 "--train.dynamic_batch_enable"):
+        assert flag in text
+
+
+def test_seed_preflight_without_gpus():
+    problems = preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=0)
+    assert problems[:-1] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
+    assert problems[-1].startswith("needs 4 GPUs, found 0")
+    assert not any("needs" in p for p in preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=4))
+
+
+def test_fully_implemented_config_has_no_problems():
+    cfg = parse_cli(["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4",
+                     "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2",
+                     "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"])
+    assert not_implemented(cfg) == []
+    assert preflight_problems(cfg, num_gpus_found=2) == []
+    assert render_plan(cfg).splitlines()[-1] == "not implemented yet: none"
+
+
+def test_default_estimator_gae_is_reported():
+    assert not_implemented(RunConfig()) == [
+        "--algo.advantage.estimator (value 'gae'; implemented: dr_grpo, group_norm, reinforce, "
+        "reinforce_baseline, rloo)"]
+
+
+def test_separate_groups_without_colocation():
+    placement = make_placement(config(vllm={"num_engines": 4, "tensor_parallel_size": 2}))
+    assert [(g.roles, g.num_bundles, g.gpu_share) for g in placement.groups] == [
+        (("actor",), 8, 1.0), (("ref",), 8, 1.0), (("critic",), 8, 1.0), (("reward",), 8, 1.0),
+        (("rollout",), 8, 1.0)]
+    assert placement.num_gpus == 40
+
+
+def test_pairwise_colocation():
+    cfg = config(train={"colocate_actor_ref": True, "colocate_critic_reward": True}, vllm={"num_engines": 2})
+    assert [(g.roles, g.num_bundles) for g in make_placement(cfg).groups] == [
+        (("actor", "ref"), 8), (("critic", "reward"), 8), (("rollout",), 2)]
+
+
+def test_colocate_all_with_async_keeps_vllm_apart():
+    cfg = config(train={"colocate_all": True, "async_enable": True},
+                 actor={"num_nodes": 2, "num_gpus_per_node": 4}, ref={"num_nodes": 2, "num_gpus_per_node": 4},
+                 vllm={"num_engines": 3})
+    groups = make_placement(cfg).groups
+    assert groups == (GpuGroup(("actor", "ref", "critic", "reward"), 8, 2), GpuGroup(("rollout",), 3, 1))
+    assert groups[0].gpu_share == 0.2
+    assert "3 vLLM engines × TP 1, has its own GPUs" in render_plan(cfg)
+
+
+@pytest.mark.parametrize(("num_roles", "share"), [(1, 1.0), (2, 0.2), (5, 0.2), (6, 1 / 6)])
+def test_gpu_shares_never_exceed_one_gpu(num_roles, share):
+    group = GpuGroup(tuple(f"role{i}" for i in range(num_roles)), num_bundles=1, num_nodes=1)
+    assert group.gpu_share == pytest.approx(share, abs=1e-12)
+    assert group.gpu_share * num_roles <= 1.0
+
+
+def test_cpu_device_asks_no_gpus():
+    cfg = config(train={"device": "cpu", "colocate_all": True}, algo={"advantage": {"estimator": "reinforce"}},
+                 actor={"num_gpus_per_node": 1}, ref={"num_gpus_per_node": 1}, vllm={"num_engines": 1})
+    assert make_placement(cfg).num_gpus == 0
+    assert preflight_problems(cfg, num_gpus_found=0) == []
+    assert render_plan(cfg).startswith("device: cpu; needs 0 GPUs (1 bundles)")
+
+
+def test_cpu_device_refuses_a_distributed_actor():
+    cfg = config(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}},
+                 actor={"num_gpus_per_node": 2})
+    assert preflight_problems(cfg, num_gpus_found=0) == [
+        "flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU (got 2); "
+        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1"]

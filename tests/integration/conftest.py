@@ -1,0 +1,73 @@
+"""Session fixtures for integration tests: ONE local Ray instance, ONE Prefect server, the tiny model, and one
+shared reference run of the micro configuration (2 prompts × 2 samples × 16 tokens) that many tests read.
+
+Real components only: Ray on CPU, Prefect's test server, vLLM's CPU build and DeepSpeed on CPU.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.pop("RAY_ADDRESS", None)  # never attach to a cluster a developer left running
+
+MICRO_FLAGS = [
+    "--config", str(REPO_ROOT / "data" / "demo.yaml"),
+    "--rollout.batch_size", "2", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "16",
+    "--rollout.micro_batch_size", "4", "--train.batch_size", "4", "--train.micro_batch_size", "2",
+    "--train.max_steps", "3",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    path = REPO_ROOT / "data" / "tiny-qwen3"
+    if not (path / "config.json").is_file():
+        sys_path_builder = REPO_ROOT / "data" / "build_tiny_model.py"
+        import runpy
+
+        runpy.run_path(str(sys_path_builder))["build"](path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from hybrid_core.workers import placement
+
+    placement.connect(num_cpus=4)
+    yield ray
+    leftovers = [a for a in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")])] \
+        if hasattr(ray.util, "state") else []
+    ray.shutdown()
+    assert not leftovers, f"actors left alive at the end of the session: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def micro_config(store_root: Path, *extra: str):
+    from hybrid_core.flags import parse_cli
+
+    return parse_cli([*MICRO_FLAGS, "--store.root", str(store_root), *extra])
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
+    """The micro configuration trained for 3 steps through the real `rl-train` flow; returns (cfg, result)."""
+    from flows.rl_train import rl_train
+
+    cfg = micro_config(tmp_path_factory.mktemp("runs"))
+    result = rl_train(cfg, run_id="reference")
+    return cfg, result

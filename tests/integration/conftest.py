@@ -43,8 +43,7 @@ def ray_session():
 
     placement.connect(num_cpus=4)
     yield ray
-    leftovers = [a for a in ray.util.state.list_actors(filters=[("state", "=", "ALIVE")])] \
-        if hasattr(ray.util, "state") else []
+    leftovers = ray.util.list_named_actors(all_namespaces=True)
     ray.shutdown()
     assert not leftovers, f"actors left alive at the end of the session: {leftovers}"
 

@@ -7,6 +7,21 @@ from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, m
                               preflight_problems, render_plan)
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
+from tests.conftest import REPO_ROOT
+
+# Local inputs that exist in the repository, so preflight finds nothing missing.
+INPUTS = {"actor": {"model_name_or_path": str(REPO_ROOT / "data")},
+          "data": {"prompt_dataset": str(REPO_ROOT / "data" / "demo_prompts.jsonl")},
+          "reward": {"remote_url": str(REPO_ROOT / "data" / "letters_reward.py")}}
+INPUT_FLAGS = [f"--{ns}.{key}={value}" for ns, block in INPUTS.items() for key, value in block.items()]
+SEED_SLICE_PROBLEMS = [
+    "not implemented yet: more than one actor rank on GPUs (got 4); use --actor.num_nodes 1 "
+    "--actor.num_gpus_per_node 1",
+    "not implemented yet: more than one vLLM engine or TP > 1; use --vllm.num_engines 1 --vllm.tensor_parallel_size 1",
+    "not implemented yet: HTTP reward servers (reward.remote_url='examples/python/math_reward_func.py'); give a .py "
+    "file defining reward_func",
+]
+
 SEED_NOT_IMPLEMENTED = [
     "--actor.entropy_coef (set to 0.0)",
     "--ds.ring_attn_size (set to 2)",
@@ -26,6 +41,14 @@ SEED_NOT_IMPLEMENTED = [
 
 def config(**blocks) -> RunConfig:
     return RunConfig.model_validate(blocks)
+
+
+def config_with_inputs(**blocks) -> RunConfig:
+    """`config` plus existing model, prompts and reward files (merged into the given blocks)."""
+    merged = {ns: dict(block) for ns, block in blocks.items()}
+    for ns, block in INPUTS.items():
+        merged[ns] = block | merged.get(ns, {})
+    return RunConfig.model_validate(merged)
 
 
 def test_implemented_flags_are_real_fields():
@@ -60,17 +83,21 @@ def test_seed_plan_text():
 
 def test_seed_preflight_without_gpus():
     problems = preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=0)
-    assert problems[:-1] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
+    num_flags = len(SEED_NOT_IMPLEMENTED)
+    assert problems[:num_flags] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
+    assert "not implemented yet: more than one vLLM engine or TP > 1" in problems[num_flags + 1]
+    assert any(p.startswith("actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B-Thinking-2507'")
+               for p in problems)
     assert problems[-1].startswith("needs 4 GPUs, found 0")
     assert not any("needs" in p for p in preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=4))
 
 
 def test_fully_implemented_config_has_no_problems():
     cfg = parse_cli(["--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4",
-                     "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2",
-                     "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep"])
+                     "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+                     "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep", *INPUT_FLAGS])
     assert not_implemented(cfg) == []
-    assert preflight_problems(cfg, num_gpus_found=2) == []
+    assert preflight_problems(cfg, num_gpus_found=1) == []
     assert render_plan(cfg).splitlines()[-1] == "not implemented yet: none"
 
 
@@ -112,7 +139,7 @@ def test_gpu_shares_never_exceed_one_gpu(num_roles, share):
 
 
 def test_cpu_device_asks_no_gpus():
-    cfg = config(train={"device": "cpu", "colocate_all": True}, algo={"advantage": {"estimator": "reinforce"}},
+    cfg = config_with_inputs(train={"device": "cpu", "colocate_all": True}, algo={"advantage": {"estimator": "reinforce"}},
                  actor={"num_gpus_per_node": 1}, ref={"num_gpus_per_node": 1}, vllm={"num_engines": 1})
     assert make_placement(cfg).num_gpus == 0
     assert preflight_problems(cfg, num_gpus_found=0) == []
@@ -120,8 +147,9 @@ def test_cpu_device_asks_no_gpus():
 
 
 def test_cpu_device_refuses_a_distributed_actor():
-    cfg = config(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}},
+    cfg = config_with_inputs(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}},
                  actor={"num_gpus_per_node": 2})
     assert preflight_problems(cfg, num_gpus_found=0) == [
         "flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU (got 2); "
-        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1"]
+        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1",
+        "not implemented yet: separate GPU groups per role; add --train.colocate_all"]

@@ -1,0 +1,192 @@
+"""Unit tests for hybrid_core.data.rollout_store: atomic stage commits, leftovers, manifest and events.
+
+The same round trip runs on a local folder and on `s3://` served by a real moto server (module-scoped fixture).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from hybrid_core.data import rollout_store
+from hybrid_core.data.rollout_store import SUCCESS, RolloutStore
+
+TABLE = pa.table({"prompt_index": [0, 0, 1], "reward": [1.0, 0.5, 0.0]})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    port = _free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost must not go via a proxy
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                opener.open(url, timeout=1)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not answer on {url}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def s3_options(moto_url):
+    import boto3
+
+    boto3.client("s3", endpoint_url=moto_url, aws_access_key_id="x", aws_secret_access_key="y",
+                 region_name="us-east-1").create_bucket(Bucket="bucket")
+    return {"client_kwargs": {"endpoint_url": moto_url}, "key": "x", "secret": "y"}
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        return RolloutStore(str(tmp_path / "run1"))
+    options = request.getfixturevalue("s3_options")
+    return RolloutStore(f"s3://bucket/prefix/{request.node.name.replace('[', '-').rstrip(']')}/run1", options)
+
+
+def _put(store: RolloutStore, path: str, data: bytes) -> None:
+    store.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)  # local files need their folder; S3 ignores it
+    store.fs.pipe_file(path, data)
+
+
+def _names(store: RolloutStore, path: str) -> list[str]:
+    return sorted(p.rsplit("/", 1)[-1] for p in store.fs.ls(path, detail=False))
+
+
+def test_local_and_s3_are_told_apart(tmp_path, s3_options):
+    assert RolloutStore(str(tmp_path)).is_local
+    assert not RolloutStore("s3://bucket/prefix/run1", s3_options).is_local
+
+
+def test_write_commits_parts_and_success_and_reads_back(store):
+    assert not store.is_committed(1, "rollout")
+    uri = store.write(1, "rollout", TABLE)
+    assert uri == f"{store.run_dir}/steps/1/rollout"
+    assert store.is_committed(1, "rollout")
+    assert _names(store, store.stage_path(1, "rollout")) == [SUCCESS, "part-00000.parquet"]
+    assert json.loads(store.fs.cat_file(f"{store.stage_path(1, 'rollout')}/{SUCCESS}"))["rows"] == 3
+    assert store.read(1, "rollout").equals(TABLE)
+    # the stage folder is the only entry of the step: no temporary folder survives a successful commit
+    assert _names(store, f"{store.root}/steps/1") == ["rollout"]
+
+
+def test_large_tables_split_into_ordered_parts(store, monkeypatch):
+    monkeypatch.setattr(rollout_store, "ROWS_PER_PART", 2)
+    table = pa.table({"x": list(range(5))})
+    store.write(2, "reward", table)
+    # 5 rows, 2 a part → parts of 2, 2, 1 rows
+    assert _names(store, store.stage_path(2, "reward")) == [SUCCESS] + [f"part-0000{i}.parquet" for i in range(3)]
+    assert store.read(2, "reward").column("x").to_pylist() == [0, 1, 2, 3, 4]
+
+
+def test_rewrite_replaces_the_whole_stage(store, monkeypatch):
+    monkeypatch.setattr(rollout_store, "ROWS_PER_PART", 2)
+    store.write(1, "rollout", TABLE)  # 3 rows → 2 parts
+    store.write(1, "rollout", pa.table({"prompt_index": [7], "reward": [0.25]}))  # 1 row → 1 part
+    assert _names(store, store.stage_path(1, "rollout")) == [SUCCESS, "part-00000.parquet"]
+    assert store.read(1, "rollout").to_pydict() == {"prompt_index": [7], "reward": [0.25]}
+
+
+def test_empty_table_commits_and_reads_back_empty(store):
+    store.write(3, "advantage", TABLE.slice(0, 0))
+    assert store.is_committed(3, "advantage")
+    got = store.read(3, "advantage")
+    assert got.num_rows == 0 and got.schema == TABLE.schema
+
+
+def test_reading_an_uncommitted_stage_fails_naming_it(store):
+    # an object-store writer that died before `_SUCCESS`: parts present, no marker
+    _put(store, f"{store.stage_path(4, 'reward')}/part-00000.parquet", b"half written")
+    assert not store.is_committed(4, "reward")
+    with pytest.raises(FileNotFoundError, match=r"stage 'reward' of step 4 is not committed"):
+        store.read(4, "reward")
+
+
+def test_local_crash_leftover_is_invisible_then_cleaned(tmp_path):
+    store = RolloutStore(str(tmp_path / "run1"))
+    store.write(1, "rollout", TABLE)
+    crashed = tmp_path / "run1" / "steps" / "1" / "reward.tmp-x"  # a writer died before its rename
+    crashed.mkdir()
+    (crashed / "part-00000.parquet").write_bytes(b"partial")
+    (crashed / SUCCESS).write_text("{}")  # even a complete temp folder is not the stage
+    assert not store.is_committed(1, "reward")
+    with pytest.raises(FileNotFoundError):
+        store.read(1, "reward")
+    store.clean_leftovers(1)
+    assert sorted(os.listdir(tmp_path / "run1" / "steps" / "1")) == ["rollout"]
+    assert store.read(1, "rollout").equals(TABLE)
+    store.clean_leftovers(99)  # a step that never started: nothing to do, no error
+
+
+def test_write_replaces_an_uncommitted_leftover_at_the_final_path(store):
+    _put(store, f"{store.stage_path(5, 'rollout')}/part-00009.parquet", b"stale")
+    store.write(5, "rollout", TABLE)
+    assert _names(store, store.stage_path(5, "rollout")) == [SUCCESS, "part-00000.parquet"]
+
+
+def test_record_commit_builds_the_manifest_and_logs_events(store):
+    assert store.read_json("manifest.json") is None
+    assert store.read_json("manifest.json", {"steps": {}}) == {"steps": {}}
+    store.record_commit(1, "rollout", rows=4, policy_version=0)
+    store.record_commit(1, "reward", rows=4, policy_version=0)
+    store.record_commit(2, "rollout", rows=6, policy_version=1)
+    assert store.read_json("manifest.json") == {"steps": {
+        "1": {"rollout": {"rows": 4, "policy_version": 0}, "reward": {"rows": 4, "policy_version": 0}},
+        "2": {"rollout": {"rows": 6, "policy_version": 1}},
+    }}
+    store.log_event(2, "train", "start", attempt=1)
+    lines = store.fs.cat_file(f"{store.root}/events.jsonl").decode().splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [(e["step"], e["stage"], e["event"]) for e in events] == [
+        (1, "rollout", "commit"), (1, "reward", "commit"), (2, "rollout", "commit"), (2, "train", "start")]
+    assert [e.get("rows") for e in events] == [4, 4, 6, None]
+    assert events[3]["attempt"] == 1
+    times = [e["time"] for e in events]
+    assert all(isinstance(t, float) for t in times) and times == sorted(times)
+    assert abs(times[-1] - time.time()) < 60
+
+
+def test_write_json_round_trip_sorted_and_overwrites(store):
+    store.write_json("state.json", {"b": 1, "a": [1, 2]})
+    raw = store.fs.cat_file(f"{store.root}/state.json").decode()
+    assert raw == '{\n "a": [\n  1,\n  2\n ],\n "b": 1\n}'  # indent=1, sort_keys
+    store.write_json("state.json", {"c": None})
+    assert store.read_json("state.json") == {"c": None}
+    assert _names(store, store.root) == ["state.json"]  # no `.tmp-*` left behind
+
+
+def test_local_write_json_keeps_the_old_document_if_the_rename_fails(tmp_path, monkeypatch):
+    store = RolloutStore(str(tmp_path / "run1"))
+    store.write_json("manifest.json", {"steps": {"1": {}}})
+
+    def crash(*args, **kwargs):
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(store.fs, "mv", crash)
+    with pytest.raises(OSError):
+        store.write_json("manifest.json", {"steps": {}})
+    assert store.read_json("manifest.json") == {"steps": {"1": {}}}  # readers still see a complete document

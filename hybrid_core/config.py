@@ -30,7 +30,7 @@ class ConfigBlock(BaseModel):
 
 
 class AdamConfig(ConfigBlock):
-    lr: float = Field(1e-6, gt=0, description="Adam learning rate")
+    lr: float = Field(1e-6, ge=0, description="Adam learning rate (0 freezes the policy: a control run)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas (beta1 beta2)")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon")
     weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay")

@@ -37,7 +37,13 @@ def load_reward_func(path: str) -> Callable:
 
 
 def _as_floats(value, name: str, n: int, source: str) -> list[float]:
-    values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+    if isinstance(value, torch.Tensor):
+        value = value.reshape(-1)
+    try:
+        values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+    except TypeError:
+        raise ValueError(f"reward_func in {source} returned {name} of type {type(value).__name__}; "
+                         f"return a tensor or list with one value per sample") from None
     if len(values) != n:
         raise ValueError(f"reward_func in {source} returned {len(values)} {name} for {n} samples; return one each")
     floats = [float(v) for v in values]
@@ -49,7 +55,11 @@ def _as_floats(value, name: str, n: int, source: str) -> list[float]:
 def score_samples(func: Callable, source: str, queries: list[str], prompts: list[str],
                   labels: list[str]) -> RewardBatch:
     """Call the function once on the whole batch and check what it returns."""
-    out = func(queries, prompts, labels)
+    try:
+        out = func(queries, prompts, labels)
+    except Exception as err:
+        raise RuntimeError(f"reward_func in {source} raised {type(err).__name__}: {err}; fix the reward "
+                           f"function (it got {len(queries)} samples)") from err
     if not isinstance(out, dict) or "rewards" not in out:
         raise ValueError(f"reward_func in {source} must return a dict with 'rewards': got {type(out).__name__}")
     n = len(queries)

@@ -10,8 +10,8 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb, strict=True))
 
 
-@pytest.fixture(scope="module")
-def sync_run(tmp_path_factory, tiny_model, ray_session):
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def sync_run(request, tmp_path_factory, tiny_model, ray_session):
     from conftest import micro_config
 
     from hybrid_core.types import RunRef
@@ -22,8 +22,9 @@ def sync_run(tmp_path_factory, tiny_model, ray_session):
     reward_file = root / "distinct_chars_reward.py"
     reward_file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
                            "    return {'rewards': [len(set(q[len(p):])) / 16 for q, p in zip(queries, prompts)]}\n")
-    cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file))
-    run = RunRef("sync-test", cfg.store.root)
+    cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file),
+                       "--ds.zero_stage", str(request.param), "--vllm.sync_bucket_mb", "1")
+    run = RunRef(f"sync-test-zero{request.param}", cfg.store.root)
     launch.start_workers(cfg, run)
     yield run
     launch.stop_workers(run)

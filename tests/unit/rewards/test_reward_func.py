@@ -84,6 +84,18 @@ def test_wrong_length_fails():
         score_samples(_const({"rewards": [1.0, 2.0], "scores": [1, 2, 3]}), SOURCE, ["a", "b"], ["", ""], ["", ""])
 
 
+def test_a_raising_reward_func_fails_naming_the_file():
+    # The module docstring promises: "a function that raises, returns the wrong length or a NaN fails with a
+    # message naming the file". score_samples calls func(...) unguarded, so today the user's own exception
+    # (ZeroDivisionError: division by zero) escapes without the file's name: this test fails until it is wrapped.
+    def func(queries, prompts, labels, **kwargs):
+        return {"rewards": [1 / 0 for _ in queries]}
+
+    with pytest.raises(Exception) as err:
+        score_samples(func, SOURCE, ["a"], [""], [""])
+    assert "my_reward.py" in str(err.value), f"message does not name the file: {err.value!r}"
+
+
 @pytest.mark.parametrize("out", [[1.0, 2.0], {"scores": [1.0, 2.0]}, None])
 def test_return_without_rewards_dict_fails(out):
     with pytest.raises(ValueError, match=r"must return a dict with 'rewards'"):

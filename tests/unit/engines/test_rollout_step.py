@@ -1,0 +1,87 @@
+"""Unit tests for hybrid_core.engines.rollout_step: per-prompt seeds and prompt tokenisation (no vLLM started)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybrid_core.data.prompts import Prompt
+from hybrid_core.engines.rollout_step import PromptFormat, derive_seed, tokenize_prompts
+
+TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TINY_MODEL)
+
+
+def _ids(text: str) -> list[int]:
+    """The tiny tokenizer's ids by hand: 3 special tokens, then string.printable minus \\x0b \\x0c \\r."""
+    import string
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
+    return [3 + chars.index(c) for c in text]
+
+
+def test_importing_the_module_does_not_import_vllm():
+    assert "vllm" not in sys.modules
+
+
+def test_derive_seed_pinned_values():
+    # sha256("0/1/2")[:4] = f1 90 06 05 → little-endian 0x050690f1 = 84316401 (top bit already clear)
+    assert derive_seed(0, 1, 2) == 84316401
+    # sha256("7/3/5")[:4] = 47 9b 94 1b → 0x1b949b47 = 462723911
+    assert derive_seed(7, 3, 5) == 462723911
+    # sha256("1/1/0")[:4] = fe a1 d7 ff → 0xffd7a1fe = 4292321790; & 0x7fffffff → 0x7fd7a1fe = 2144838142
+    assert derive_seed(1, 1, 0) == 2144838142
+
+
+def test_derive_seed_is_stable_distinct_and_31_bit():
+    triples = [(seed, step, index) for seed in (0, 1, 42) for step in range(1, 11) for index in range(50)]
+    seeds = [derive_seed(*t) for t in triples]
+    assert seeds == [derive_seed(*t) for t in triples]  # same inputs, same seeds (retries regenerate alike)
+    assert len(set(seeds)) == len(triples)  # 1500 draws from 2^31: a collision has probability ~5e-4
+    assert all(0 <= s < 2 ** 31 for s in seeds)
+    # the separator keeps digit runs apart: "1/23/4" is not "12/3/4"
+    assert derive_seed(1, 23, 4) != derive_seed(12, 3, 4)
+
+
+def test_tokenizer_is_one_token_per_character(tokenizer):
+    assert tokenizer("abc ~\n", add_special_tokens=False)["input_ids"] == _ids("abc ~\n") == [13, 14, 15, 97, 96, 99]
+
+
+def test_prompts_are_left_truncated_to_max_len_minus_max_new_tokens(tokenizer):
+    prompts = [Prompt(0, "abcdefghij", "l"), Prompt(1, "xyz", "m")]
+    fmt = PromptFormat(apply_chat_template=False, input_template=None, max_len=10)
+    texts, ids = tokenize_prompts(tokenizer, prompts, fmt, max_new_tokens=4)
+    assert texts == ["abcdefghij", "xyz"]  # the text is kept whole; only the ids are cut
+    # budget 10 − 4 = 6: the last six characters "efghij" → 17..22; "xyz" fits → 36, 37, 38
+    assert ids == [[17, 18, 19, 20, 21, 22], [36, 37, 38]]
+    assert ids == [_ids("efghij"), _ids("xyz")]
+
+
+def test_input_template_is_applied_before_truncation(tokenizer):
+    fmt = PromptFormat(apply_chat_template=False, input_template="Q: {} A:", max_len=8)
+    texts, ids = tokenize_prompts(tokenizer, [Prompt(3, "hello", "")], fmt, max_new_tokens=2)
+    assert texts == ["Q: hello A:"]
+    assert ids == [_ids("llo A:")]  # budget 8 − 2 = 6 keeps the template's end
+
+
+def test_chat_template_special_tokens_are_single_tokens(tokenizer):
+    fmt = PromptFormat(apply_chat_template=True, input_template=None, max_len=100)
+    texts, ids = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], fmt, max_new_tokens=16)
+    assert texts == ["<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"]
+    # <|im_start|> = 1, <|im_end|> = 2; 23 tokens in all, under the budget of 84
+    assert ids == [[1] + _ids("user\nhi") + [2] + _ids("\n") + [1] + _ids("assistant\n")]
+    # max_len 20 − 16 = 4: the generation header's last four characters survive
+    _, cut = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], PromptFormat(True, None, 20), max_new_tokens=16)
+    assert cut == [_ids("ant\n")]
+
+
+def test_budget_is_at_least_one_token(tokenizer):
+    fmt = PromptFormat(apply_chat_template=False, input_template=None, max_len=4)
+    _, ids = tokenize_prompts(tokenizer, [Prompt(0, "abc", "")], fmt, max_new_tokens=8)
+    assert ids == [_ids("c")]  # max(1, 4 − 8) = 1

@@ -10,7 +10,9 @@ from tasks.stages import advantage, reward, rollout, sync, train
 @flow(name="rl-step", flow_run_name="step-{step}")
 def rl_step(run: RunRef, step: int) -> dict[str, float]:
     """Run the five stages of step `step`; returns the committed metrics row."""
-    timings = {}
+    timings, extra = {}, {}
     for stage in (rollout, reward, advantage, train):
-        timings[stage.name] = stage(run, step).seconds
-    return sync(run, step, timings)
+        result = stage(run, step)
+        timings[stage.name] = result.seconds
+        extra |= {key: value for key, value in result.metrics.items() if "/" in key}  # namespaced = metrics-row keys
+    return sync(run, step, timings, extra)

@@ -17,7 +17,6 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 
 class ConfigError(ValueError):
     """A configuration with one or more problems; `problems` holds one message per line."""
-
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
@@ -25,7 +24,6 @@ class ConfigError(ValueError):
 
 class ConfigBlock(BaseModel):
     """Base of every config model: immutable, and unknown keys are errors rather than silently dropped."""
-
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -303,6 +301,10 @@ class RunConfig(ConfigBlock):
         return self.algo.kl.init_coef > 0
 
     @property
+    def roles(self) -> tuple[str, ...]:  # the Ray worker roles a run of this configuration starts
+        return ("actor", "rollout") + ("ref",) * self.uses_ref + ("critic",) * self.uses_critic
+
+    @property
     def uses_reward_model(self) -> bool:  # a remote reward or an agent replaces the reward model
         return self.reward.remote_url is None and self.train.agent_func_path is None
 
@@ -346,8 +348,7 @@ def _colocation_problems(cfg: RunConfig) -> list[str]:
                 "train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
                 f"vllm.tensor_parallel_size: got {cfg.actor_world_size} and {cfg.num_rollout_gpus}; "
                 "change --vllm.num_engines or --actor.num_gpus_per_node so both sides match")
-    # A colocated pair shares one placement group, so both roles must ask for the same nodes × GPUs.
-    pairs = []
+    pairs = []  # a colocated pair shares one placement group: both roles ask for the same nodes × GPUs
     if (cfg.train.colocate_all or cfg.train.colocate_actor_ref) and cfg.uses_ref:
         pairs.append((cfg.ref, "ref", cfg.actor, "actor"))
     if cfg.train.colocate_critic_reward and cfg.uses_critic and cfg.uses_reward_model:

@@ -34,11 +34,19 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "data.prompt_dataset", "data.input_key", "data.label_key", "data.input_template", "data.apply_chat_template",
     "data.max_len", "data.max_samples",
     "logger.logging_steps", "store.root",
+    # the complete algorithm set (issue #3)
+    "actor.entropy_coef", "algo.advantage.gamma", "algo.advantage.lambd", "algo.advantage.is_correction_enable",
+    "algo.advantage.is_correction_threshold", "algo.advantage.is_correction_type", "algo.kl.target", "algo.kl.horizon",
+    "algo.dynamic_filtering_enable", "algo.dynamic_filtering_range", "reward.overlong_buffer_len",
+    "reward.overlong_penalty_factor", "reward.stop_properly_penalty_coef", "ds.value_head_prefix",
+    "critic.model_name_or_path", "critic.num_nodes", "critic.num_gpus_per_node", "critic.value_clip",
+    "critic.freezing_steps", "critic.adam.lr", "critic.adam.betas", "critic.adam.eps", "critic.adam.weight_decay",
+    "critic.max_norm", "critic.lr_scheduler", "critic.lr_warmup_ratio", "critic.min_lr_ratio",
 })
 
 # Choice fields where only some values work yet; checked even when the value is the default.
 IMPLEMENTED_VALUES: dict[str, frozenset[str]] = {
-    "algo.advantage.estimator": frozenset({"reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}),
+    "algo.advantage.estimator": frozenset({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}),
     "actor.policy_loss_type": frozenset({"ppo", "gspo"}),
 }
 

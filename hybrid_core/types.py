@@ -19,6 +19,7 @@ class RunRef:
     run_id: str
     store_root: str
     stage_timeout_s: float = 3600.0
+    roles: tuple[str, ...] = ("actor", "rollout")
 
     @property
     def namespace(self) -> str:

@@ -41,12 +41,22 @@ def advantage(run: RunRef, step: int) -> StageResult:
 
 @task(name="train", task_run_name="train-step-{step}", retries=0, **STAGE_OPTIONS)
 def train(run: RunRef, step: int) -> StageResult:
-    """Wake DeepSpeed, update the policy on the step's samples, put it back to sleep."""
-    return _logged(call(run, "actor", "train", step))
+    """Wake DeepSpeed, update the critic (gae) then the policy on the step's samples, put them back to sleep."""
+    critic = _logged(call(run, "critic", "train", step)) if "critic" in run.roles else None
+    actor = _logged(call(run, "actor", "train", step))
+    if critic is None:
+        return actor
+    return StageResult("train", step, critic.seconds + actor.seconds, metrics=critic.metrics | actor.metrics)
 
 
 @task(name="sync", task_run_name="sync-step-{step}", retries=2, **STAGE_OPTIONS)
-def sync(run: RunRef, step: int, timings: dict[str, float]) -> dict[str, float]:
+def sync(run: RunRef, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
     """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
     result = _logged(call(run, "actor", "sync", step))
-    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds})
+    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra)
+
+
+@task(name="samples", task_run_name="samples-step-{step}", retries=1, **STAGE_OPTIONS)
+def samples(run: RunRef, step: int) -> list[dict]:
+    """A few decoded samples of the step with their rewards, for the run's UI."""
+    return call(run, "rollout", "preview", step)

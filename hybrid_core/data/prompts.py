@@ -67,6 +67,12 @@ class PromptSampler:
         total = num_episodes * self.steps_per_episode
         self.num_steps = min(total, max_steps) if max_steps else total
 
+    def refill_for_step(self, step: int, exclude: set[int]) -> list[Prompt]:
+        """Replacement prompts for dynamic filtering: every other row, in an order seeded by (seed, step)."""
+        order = [i for i in range(len(self.rows)) if i not in exclude]
+        random.Random(f"refill/{self.seed}/{step}").shuffle(order)
+        return [Prompt(i, *self.rows[i]) for i in order]
+
     def for_step(self, step: int) -> list[Prompt]:
         if not 1 <= step <= self.num_steps:
             raise ValueError(f"step must be in 1..{self.num_steps}: got {step}")

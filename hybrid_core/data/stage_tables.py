@@ -23,7 +23,7 @@ REWARD_SCHEMA = pa.schema([
 ])
 ADVANTAGE_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("old_logprobs", floats), ("ref_logprobs", floats),
-    ("advantages", floats), ("returns", floats),
+    ("values", floats), ("advantages", floats), ("returns", floats),
 ])
 
 
@@ -54,9 +54,15 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
+ACTOR_STATS = {"kl_loss": "actor/kl_loss", "approx_kl": "actor/approx_kl", "grad_norm": "actor/grad_norm",
+               "lr": "actor/lr", "dual_clip_ratio": "actor/dual_clip_ratio", "entropy": "actor/entropy",
+               "kl_coef": "actor/kl_coef", "is_weight_mean": "is/weight_mean", "is_masked_frac": "is/masked_frac"}
+
+
 def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train_stats: dict,
-                 timings: dict[str, float]) -> dict[str, float]:
-    """The metrics row of a step: reward, advantage, actor and rollout figures plus `timing_s/<stage>`."""
+                 timings: dict[str, float], extra: dict[str, float] | None = None) -> dict[str, float]:
+    """The metrics row of a step: reward, advantage, actor and rollout figures, `timing_s/<stage>`, and `extra`
+    (already namespaced figures from other workers, e.g. `critic/value_loss`, `filter/pass_rate`)."""
     reward_mean, reward_std = _mean_std(reward.column("reward").to_pylist())
     adv_tokens = [a for row in advantage.column("advantages").to_pylist() for a in row]
     adv_mean, adv_std = _mean_std(adv_tokens)
@@ -69,9 +75,9 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
         "rollout/response_length_mean": statistics.fmean(lengths) if lengths else 0.0,
         "rollout/tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
     }
-    extra = {f"actor/{k}": v for k, v in train_stats.items()
-             if k in ("kl_loss", "approx_kl", "grad_norm", "lr", "dual_clip_ratio")}
-    return metrics | extra | {f"timing_s/{stage}": float(s) for stage, s in timings.items()}
+    named = {ACTOR_STATS[k]: v for k, v in train_stats.items() if k in ACTOR_STATS}
+    timing = {f"timing_s/{stage}": float(s) for stage, s in timings.items()}
+    return metrics | named | dict(extra or {}) | timing
 
 
 def metrics_table(step: int, metrics: dict[str, float]) -> pa.Table:

@@ -1,19 +1,26 @@
-"""The actor's update for one step: epochs × optimizer steps × micro-batches over the step's samples.
+"""The actor's update for one step: PPO/GSPO micro-batch losses over the step's samples.
 
-Owns batching (seeded shuffles, `train.batch_size` samples per optimizer step, `train.micro_batch_size` per forward)
-and the bookkeeping that makes micro-batch losses add up to one global token mean per optimizer step.
-It knows nothing about Ray or the store; the maths come from `hybrid_core.algorithms.experience`.
+Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
+policy's logits, IS-correction weights from the rollout engine's logprobs). The loop is `minibatch_updates`; the
+maths `hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
-import torch
-
-from hybrid_core.algorithms.experience import ActorLossSettings, actor_objective
+from hybrid_core.algorithms.correction import is_weights
+from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatch, actor_objective
+from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import make_sequence_batch, pad, response_logprobs
+from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, run_updates
+from hybrid_core.engines.sequence_batch import make_sequence_batch, pad, response_logits, token_logprobs
+
+
+@dataclass(frozen=True)
+class ISCorrection:
+    kind: str
+    low: float
+    high: float
 
 
 @dataclass(frozen=True)
@@ -23,61 +30,43 @@ class TrainSamples:
     old_logprobs: list[list[float]]
     ref_logprobs: list[list[float]] | None
     advantages: list[list[float]]
+    rollout_logprobs: list[list[float]] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
 
-@dataclass(frozen=True)
-class BatchPlan:
-    batch_size: int
-    micro_batch_size: int
-    max_epochs: int
-    seed: int
+def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
+                         correction: ISCorrection | None):
+    def build(share: MicroBatchShare):
+        idx = share.indices
+        batch = make_sequence_batch([samples.prompt_ids[i] for i in idx], [samples.response_ids[i] for i in idx],
+                                    engine.pad_id)
+        T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
+        batch = batch.to(device)
+        take = lambda rows: pad([rows[i] for i in idx], T).to(device)  # noqa: E731
+        old, adv, mask = take(samples.old_logprobs), take(samples.advantages), batch.response_mask
+        ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
+        weights = None
+        if correction is not None:
+            weights = is_weights(old, take(samples.rollout_logprobs), mask, kind=correction.kind,
+                                 low=correction.low, high=correction.high)
+
+        def loss_fn(model):
+            logits = response_logits(model, batch)
+            entropy = entropy_from_logits(logits.float()) if s.entropy_coef is not None else None
+            mb = PolicyMicroBatch(token_logprobs(logits, batch.response_ids), old, adv, mask, ref, entropy, weights)
+            return actor_objective(mb, s, share.num_tokens, share.sequence_share)
+
+        return loss_fn, float(mask.sum())
+
+    return build
 
 
-def _micro_loss(engine: DeepSpeedTrainEngine, samples: TrainSamples, idx: list[int], s: ActorLossSettings,
-                num_tokens: float, sequence_share: float):
-    batch = make_sequence_batch([samples.prompt_ids[i] for i in idx], [samples.response_ids[i] for i in idx],
-                                engine.pad_id)
-    T = batch.response_mask.shape[1]
-    device = next(engine.module.parameters()).device
-    batch = batch.to(device)
-    take = lambda rows: pad([rows[i] for i in idx], T).to(device)  # noqa: E731
-    ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
-    old, adv = take(samples.old_logprobs), take(samples.advantages)
-
-    def loss_fn(model):
-        logprobs = response_logprobs(model, batch).float()
-        return actor_objective(logprobs, old, ref, adv, batch.response_mask, s, num_tokens, sequence_share)
-
-    return loss_fn, float(batch.response_mask.sum())
-
-
-ADDITIVE_KEYS = ("policy_loss", "kl_loss")  # already normalised to the optimizer step: they add up
-
-
-def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings, plan: BatchPlan) -> dict:
-    """Run the step's updates; returns per-optimizer-step losses and token-weighted means of the other stats."""
-    n = len(samples)
-    if n % plan.batch_size:
-        raise ValueError(f"train.batch_size must divide the samples of a step: got {plan.batch_size} and {n} "
-                         f"(rollout.batch_size × n_samples_per_prompt); pick a divisor")
-    totals, weights, last = defaultdict(float), defaultdict(float), {}
-    generator = torch.Generator().manual_seed(plan.seed)
-    for _ in range(plan.max_epochs):
-        order = torch.randperm(n, generator=generator).tolist()
-        for start in range(0, n, plan.batch_size):
-            step_idx = order[start:start + plan.batch_size]
-            num_tokens = float(sum(len(samples.response_ids[i]) for i in step_idx)) or 1.0
-            for m in range(0, len(step_idx), plan.micro_batch_size):
-                idx = step_idx[m:m + plan.micro_batch_size]
-                loss_fn, tokens = _micro_loss(engine, samples, idx, s, num_tokens, len(idx) / len(step_idx))
-                stats = engine.train_micro_batch(loss_fn)
-                last |= {k: stats.pop(k) for k in ("grad_norm", "lr") if k in stats}
-                for key, value in stats.items():
-                    totals[key] += value if key in ADDITIVE_KEYS else value * tokens
-                    weights[key] += 1.0 if key in ADDITIVE_KEYS else tokens
-    num_steps = plan.max_epochs * (n // plan.batch_size)
-    result = {k: totals[k] / (num_steps if k in ADDITIVE_KEYS else weights[k]) for k in totals if weights[k]}
-    return result | last
+def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings, plan: BatchPlan,
+              correction: ISCorrection | None = None) -> dict:
+    """Run the step's policy updates; returns per-optimizer-step losses and token-weighted stat means."""
+    if correction is not None and samples.rollout_logprobs is None:
+        raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples")
+    lengths = [len(r) for r in samples.response_ids]
+    return run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction))

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
+from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConfig
 from hybrid_core.engines.frozen_model import batched_logprobs, device_name, load_causal_lm
 
 log = logging.getLogger(__name__)
@@ -29,13 +29,13 @@ def clear_stale_build_locks(extensions_dir: str) -> None:
             lock.unlink(missing_ok=True)
 
 
-def ds_config(actor: ActorConfig, ds: DsConfig, train: TrainConfig) -> dict:
-    adam = actor.adam
+def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig) -> dict:
+    adam = optim.adam
     return {
         "train_batch_size": train.batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.batch_size // train.micro_batch_size,
-        "gradient_clipping": actor.max_norm,
+        "gradient_clipping": optim.max_norm,
         "zero_optimization": {"stage": ds.zero_stage, "overlap_comm": False},
         "bf16": {"enabled": ds.param_dtype == "bf16"},
         "fp16": {"enabled": ds.param_dtype == "fp16"},
@@ -46,20 +46,29 @@ def ds_config(actor: ActorConfig, ds: DsConfig, train: TrainConfig) -> dict:
     }
 
 
-def make_scheduler_factory(actor: ActorConfig, total_optimizer_steps: int) -> Callable:
+def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -> Callable:
     from transformers import get_scheduler
 
-    warmup = math.ceil(total_optimizer_steps * actor.lr_warmup_ratio)
-    extra = {"scheduler_specific_kwargs": {"min_lr_rate": actor.min_lr_ratio}} \
-        if actor.lr_scheduler == "cosine_with_min_lr" else {}
-    return lambda optimizer: get_scheduler(actor.lr_scheduler, optimizer, num_warmup_steps=warmup,
+    warmup = math.ceil(total_optimizer_steps * optim.lr_warmup_ratio)
+    extra = {"scheduler_specific_kwargs": {"min_lr_rate": optim.min_lr_ratio}} \
+        if optim.lr_scheduler == "cosine_with_min_lr" else {}
+    return lambda optimizer: get_scheduler(optim.lr_scheduler, optimizer, num_warmup_steps=warmup,
                                            num_training_steps=max(total_optimizer_steps, 1), **extra)
 
 
-class DeepSpeedTrainEngine:
-    """One DeepSpeed rank holding the trainable policy."""
+def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
+    """The trainable policy, with activation checkpointing when asked."""
+    model = load_causal_lm(model_path, ds.param_dtype)
+    if actor.gradient_checkpointing_enable:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
+    return model
 
-    def __init__(self, model_path: str, actor: ActorConfig, ds: DsConfig, train: TrainConfig,
+
+class DeepSpeedTrainEngine:
+    """One DeepSpeed rank holding a trainable model (the policy, or the critic's value model)."""
+
+    def __init__(self, model: torch.nn.Module, optim: OptimizerFields, ds: DsConfig, train: TrainConfig,
                  total_optimizer_steps: int, pad_id: int):
         import deepspeed
 
@@ -67,13 +76,9 @@ class DeepSpeedTrainEngine:
             raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size: got "
                              f"{train.batch_size} and {train.micro_batch_size}")
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-        model = load_causal_lm(model_path, ds.param_dtype)
-        if actor.gradient_checkpointing_enable:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(actor, ds, train), lr_scheduler=make_scheduler_factory(actor, total_optimizer_steps))
+            config=ds_config(optim, ds, train), lr_scheduler=make_scheduler_factory(optim, total_optimizer_steps))
         self.micro_batch_size, self.pad_id = train.micro_batch_size, pad_id
         self.is_zero3, self.can_sleep = ds.zero_stage == 3, ds.enable_sleep and device_name() == "cuda"
         if ds.enable_sleep and not self.can_sleep:
@@ -87,16 +92,18 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, micro_batch_size)
 
-    def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]]) -> dict:
-        """Backward one micro-batch; DeepSpeed steps the optimizer at the accumulation boundary.
+    def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]],
+                          is_boundary: bool) -> dict:
+        """Backward one micro-batch; the optimizer steps when `is_boundary` (the caller's last micro-batch).
 
         `loss_fn` returns a loss already normalised for the whole optimizer step (a global token mean), so DeepSpeed
-        must not divide it by the accumulation steps again.
+        must not divide it by the accumulation steps again; the caller owns the boundary, so an optimizer step may
+        hold fewer micro-batches than `train.batch_size` implies (a filtered or token-budgeted step).
         """
         self.engine.train()
+        self.engine.set_gradient_accumulation_boundary(is_boundary)
         loss, stats = loss_fn(self.engine)
         self.engine.backward(loss, scale_wrt_gas=False)
-        is_boundary = self.engine.is_gradient_accumulation_boundary()
         self.engine.step()
         if is_boundary:
             stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)

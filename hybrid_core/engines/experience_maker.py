@@ -1,40 +1,58 @@
 """The advantage stage on the actor side: committed rollout + reward datasets → the `advantage` dataset.
 
-Owns reading the two datasets in the same sample order, the actor's old logprobs, the reference logprobs (through a
-callable, so this module needs no Ray), and the conversion to and from the maths' (B, T) tensors.
+Owns reading the two datasets in the same sample order, the actor's old logprobs, the reference logprobs and critic
+values (through callables, so this module needs no Ray), length penalties, and the conversion to and from the maths'
+(B, T) tensors.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import pyarrow as pa
 import torch
 
-from hybrid_core.algorithms.experience import AdvantageSettings, compute_advantages
+from hybrid_core.algorithms.experience import (AdvantageSettings, PenaltySettings, apply_length_penalties,
+                                               compute_advantages, sequence_mean_kl)
 from hybrid_core.algorithms.losses import masked_mean
 from hybrid_core.data.stage_tables import advantage_table, sample_keys
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.sequence_batch import pad, unpad
 
-RefLogprobs = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
+SequenceForward = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
 
 
-def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward: pa.Table,
-                         ref_logprobs: RefLogprobs | None, settings: AdvantageSettings,
+@dataclass(frozen=True)
+class ExperienceSources:
+    """Where the non-actor per-token figures come from (None when the role does not exist)."""
+
+    ref_logprobs: SequenceForward | None = None
+    values: SequenceForward | None = None
+
+
+def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward: pa.Table, sources: ExperienceSources,
+                         settings: AdvantageSettings, penalties: PenaltySettings,
                          micro_batch_size: int) -> tuple[pa.Table, dict]:
-    """Returns the advantage table and experience statistics (mean KL to the reference)."""
+    """Returns the advantage table and experience statistics (KL to the reference, per token and per sequence)."""
     keys = sample_keys(rollout)
     if keys != sample_keys(reward):
         raise RuntimeError("reward rows are not in the rollout's sample order; the reward stage must be redone")
     prompt_ids = rollout.column("prompt_ids").to_pylist()
     response_ids = rollout.column("response_ids").to_pylist()
     old = engine.logprobs(prompt_ids, response_ids, micro_batch_size)
-    ref = ref_logprobs(prompt_ids, response_ids) if ref_logprobs else None
+    ref = sources.ref_logprobs(prompt_ids, response_ids) if sources.ref_logprobs else None
+    values = sources.values(prompt_ids, response_ids) if sources.values else None
     T = max(1, max(len(r) for r in response_ids))
     mask = pad([[1.0] * len(r) for r in response_ids], T)
-    rewards = torch.tensor(reward.column("reward").to_pylist(), dtype=torch.float32)
-    result = compute_advantages(rewards, pad(old, T), pad(ref, T) if ref else None, mask, settings)
-    columns = {"old_logprobs": old, "ref_logprobs": ref or [[] for _ in old],
+    rewards = apply_length_penalties(
+        torch.tensor(reward.column("reward").to_pylist(), dtype=torch.float32),
+        torch.tensor([len(r) for r in response_ids], dtype=torch.long),
+        torch.tensor([f == "length" for f in rollout.column("finish_reason").to_pylist()]), penalties)
+    result = compute_advantages(rewards, pad(old, T), pad(ref, T) if ref else None, mask, settings,
+                                pad(values, T) if values else None)
+    empty = [[] for _ in old]
+    columns = {"old_logprobs": old, "ref_logprobs": ref or empty, "values": values or empty,
                "advantages": unpad(result.advantages, mask), "returns": unpad(result.returns, mask)}
-    stats = {"experience_kl": float(masked_mean(result.kl, mask)) if ref else 0.0}
+    stats = {"experience_kl": float(masked_mean(result.kl, mask)) if ref else 0.0,
+             "experience_kl_seq": sequence_mean_kl(result.kl, mask) if ref else 0.0}
     return advantage_table(keys, columns), stats

@@ -62,3 +62,36 @@ def reward_rows(rollout: pa.Table, reward_func: Callable, source: str) -> pa.Tab
     queries = [p + r for p, r in zip(prompts, responses)]
     batch = score_samples(reward_func, source, queries, prompts, rollout.column("label").to_pylist())
     return reward_table(sample_keys(rollout), batch.rewards, batch.scores, batch.extra_logs)
+
+
+@dataclass(frozen=True)
+class GroupFilter:
+    """Dynamic filtering: keep a prompt's group iff low < mean(group scores) < high."""
+
+    low: float
+    high: float
+
+
+def filtered_rollout(generate: Callable[[list[Prompt]], pa.Table], score: Callable[[pa.Table], pa.Table],
+                     prompts: list[Prompt], refill: list[Prompt], n: int, keep: GroupFilter) -> tuple[pa.Table, float]:
+    """Generate, score and keep passing groups, topping up from `refill` until `len(prompts)` groups pass or the
+    refill prompts run out; accepted groups are never dropped. Returns (accepted rollout rows, pass rate)."""
+    import torch
+
+    from hybrid_core.algorithms.filtering import keep_groups
+
+    wanted, pending, refill = len(prompts), prompts, list(refill)
+    accepted: list[pa.Table] = []
+    num_tried = num_passed = num_kept = 0
+    while pending:
+        table = generate(pending)
+        scores = torch.tensor(score(table).column("score").to_pylist(), dtype=torch.float32)
+        passed = keep_groups(scores, n, keep.low, keep.high).tolist()
+        num_tried, num_passed = num_tried + len(passed), num_passed + sum(passed)
+        for g, ok in enumerate(passed):
+            if ok and num_kept < wanted:
+                accepted.append(table.slice(g * n, n))
+                num_kept += 1
+        pending, refill = refill[:wanted - num_kept], refill[wanted - num_kept:]
+    rows = pa.concat_tables(accepted) if accepted else table.slice(0, 0)
+    return rows, num_passed / max(num_tried, 1)

@@ -1,23 +1,27 @@
 """ActorWorker: the Ray actor owning the DeepSpeed policy: experience (advantage stage), training and weight sync.
 
-Methods only delegate to `engines` and move data between the run's store and the other workers (reference and
-rollout workers are looked up by name). It knows nothing about Prefect.
+Methods only delegate to `engines` and move data between the run's store and the other workers (reference, critic
+and rollout workers are looked up by name). It holds the KL controller. It knows nothing about Prefect.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import ray
 
-from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings
-from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
+from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
+from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
+from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
+from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.stage_tables import metrics_table, step_metrics
-from hybrid_core.engines.actor_trainer import BatchPlan, TrainSamples, fit_actor
-from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks
-from hybrid_core.engines.experience_maker import make_advantage_table
+from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
+from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, load_policy
+from hybrid_core.engines.experience_maker import ExperienceSources, make_advantage_table
 from hybrid_core.engines.frozen_model import load_tokenizer
+from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.weight_sync import iter_buckets
 from hybrid_core.types import RunRef, StageResult
 
@@ -28,24 +32,34 @@ class ActorWorkerArgs:
     actor: ActorConfig
     ds: DsConfig
     train: TrainConfig
+    kl: KlConfig
     advantage: AdvantageSettings
+    penalties: PenaltySettings
     loss: ActorLossSettings
+    correction: ISCorrection | None
     experience_micro_batch_size: int
     total_optimizer_steps: int
     sync_bucket_bytes: int
-    uses_ref: bool
+    roles: tuple[str, ...]
+    freezing_steps: int
     extensions_dir: str
+    sinks: SinkSettings
+
+
+def make_kl_controller(kl: KlConfig):
+    return AdaptiveKLController(kl.init_coef, kl.target, kl.horizon) if kl.target else FixedKLController(kl.init_coef)
 
 
 class ActorWorker:
     def __init__(self, run: RunRef, args: ActorWorkerArgs):
         clear_stale_build_locks(args.extensions_dir)
-        self.run, self.args = run, args
-        self.store = RolloutStore(run.run_dir)
+        self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
         self.tokenizer = load_tokenizer(args.model_path)
-        self.engine = DeepSpeedTrainEngine(args.model_path, args.actor, args.ds, args.train,
-                                           args.total_optimizer_steps, self.tokenizer.pad_token_id)
+        self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
+                                           args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id)
         self.engine.sleep()
+        self.kl_controller = make_kl_controller(args.kl)
+        self.sinks = MetricSinks(args.sinks)
         self.policy_version, self.step_stats = 0, {}
 
     def ready(self) -> dict:
@@ -53,33 +67,44 @@ class ActorWorker:
 
     def make_experience(self, step: int) -> StageResult:
         start = time.perf_counter()
-        ref = self._ref_logprobs if self.args.uses_ref else None
+        settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         table, stats = make_advantage_table(self.engine, self.store.read(step, "rollout"),
-                                            self.store.read(step, "reward"), ref, self.args.advantage,
-                                            self.args.experience_micro_batch_size)
+                                            self.store.read(step, "reward"), self._sources(), settings,
+                                            self.args.penalties, self.args.experience_micro_batch_size)
         path = self.store.write(step, "advantage", table)
         self.store.record_commit(step, "advantage", table.num_rows, self.policy_version)
-        self.step_stats[step] = stats
+        self.step_stats[step] = stats | {"kl_coef": self.kl_controller.coef, "num_samples": table.num_rows}
         return StageResult("advantage", step, time.perf_counter() - start, table.num_rows, path, metrics=stats)
 
-    def _ref_logprobs(self, prompt_ids, response_ids):
-        ref = ray.get_actor(self.run.actor_name("ref"), namespace=self.run.namespace)
-        return ray.get(ref.logprobs.remote(prompt_ids, response_ids), timeout=self.run.stage_timeout_s)
+    def _sources(self) -> ExperienceSources:
+        return ExperienceSources(self._remote_forward("ref", "logprobs") if "ref" in self.args.roles else None,
+                                 self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
+
+    def _remote_forward(self, role: str, method: str):
+        def forward(prompt_ids, response_ids):
+            worker = ray.get_actor(self.run.actor_name(role), namespace=self.run.namespace)
+            return ray.get(getattr(worker, method).remote(prompt_ids, response_ids), timeout=self.run.stage_timeout_s)
+        return forward
 
     def train(self, step: int) -> StageResult:
         start = time.perf_counter()
-        self.engine.wake_up()
-        stats = fit_actor(self.engine, self._train_samples(step), self.args.loss, self._batch_plan(step))
-        self.engine.sleep()
-        self.step_stats[step] = self.step_stats.get(step, {}) | stats
+        stats = {"actor_frozen": 1.0}
+        if step > self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
+            self.engine.wake_up()
+            loss = dataclasses.replace(self.args.loss, kl_coef=self.kl_controller.coef)
+            stats = fit_actor(self.engine, self._train_samples(step), loss, self._batch_plan(step), self.args.correction)
+            self.engine.sleep()
+        experience = self.step_stats.get(step, {})
+        self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
+        self.step_stats[step] = experience | stats
         return StageResult("train", step, time.perf_counter() - start, metrics=stats)
 
     def _train_samples(self, step: int) -> TrainSamples:
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
-        ref = adv.column("ref_logprobs").to_pylist()
-        return TrainSamples(ro.column("prompt_ids").to_pylist(), ro.column("response_ids").to_pylist(),
-                            adv.column("old_logprobs").to_pylist(), ref if self.args.uses_ref else None,
-                            adv.column("advantages").to_pylist())
+        column = lambda table, name: table.column(name).to_pylist()  # noqa: E731
+        return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"), column(adv, "old_logprobs"),
+                            column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
+                            column(adv, "advantages"), column(ro, "rollout_logprobs"))
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train
@@ -95,13 +120,18 @@ class ActorWorker:
         self.policy_version = ray.get(rollout.end_weight_update.remote(step), timeout=self.run.stage_timeout_s)
         return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
 
-    def write_metrics(self, step: int, timings: dict[str, float]) -> dict[str, float]:
+    def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""
         tables = [self.store.read(step, s) for s in ("rollout", "reward", "advantage")]
-        metrics = step_metrics(*tables, self.step_stats.pop(step, {}), timings)
+        metrics = step_metrics(*tables, self.step_stats.pop(step, {}), timings, extra)
         self.store.write(step, "metrics", metrics_table(step, metrics))
         self.store.record_commit(step, "metrics", 1, self.policy_version)
+        self.sinks.log(step, metrics)
         return metrics
+
+    def close(self) -> None:
+        """Flush the metric sinks before the run's actors are killed."""
+        self.sinks.close()
 
     def logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_micro_batch_size)

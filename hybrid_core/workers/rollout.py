@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hybrid_core.data.prompts import PromptSampler, load_prompt_rows
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.frozen_model import load_tokenizer
-from hybrid_core.engines.rollout_step import PromptFormat, generate_rows, reward_rows
+from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 from hybrid_core.engines.weight_sync import Bucket, unflatten
 from hybrid_core.rewards.reward_func import load_reward_func
@@ -37,6 +37,7 @@ class RolloutWorkerArgs:
     sampling: SamplingSettings
     reward_path: str
     seed: int
+    group_filter: GroupFilter | None = None
 
 
 class RolloutWorker:
@@ -59,14 +60,25 @@ class RolloutWorker:
     def generate(self, step: int) -> StageResult:
         start = time.perf_counter()
         self.engine.wake_up(["weights", "kv_cache"])
-        table = generate_rows(self.engine, self.tokenizer, self.sampler.for_step(step), self.args.prompt_format,
-                              self.args.sampling, self.args.seed, step, self.policy_version)
+        table, metrics = self._generate(step)
         if self.args.engine.enable_sleep:
             self.engine.sleep()
         path = self.store.write(step, "rollout", table)
         self.store.record_commit(step, "rollout", table.num_rows, self.policy_version)
-        tokens = sum(len(r) for r in table.column("response_ids").to_pylist())
-        return StageResult("rollout", step, time.perf_counter() - start, table.num_rows, path, metrics={"tokens": tokens})
+        metrics["tokens"] = sum(len(r) for r in table.column("response_ids").to_pylist())
+        return StageResult("rollout", step, time.perf_counter() - start, table.num_rows, path, metrics=metrics)
+
+    def _generate(self, step: int):
+        prompts = self.sampler.for_step(step)
+        generate = lambda batch: generate_rows(self.engine, self.tokenizer, batch, self.args.prompt_format,  # noqa
+                                               self.args.sampling, self.args.seed, step, self.policy_version)
+        if self.args.group_filter is None:
+            return generate(prompts), {}
+        refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
+        score = lambda table: reward_rows(table, self.reward_func, self.args.reward_path)  # noqa: E731
+        table, pass_rate = filtered_rollout(generate, score, prompts, refill, self.args.sampling.n,
+                                            self.args.group_filter)
+        return table, {"filter/pass_rate": pass_rate}
 
     def score(self, step: int) -> StageResult:
         start = time.perf_counter()
@@ -74,6 +86,13 @@ class RolloutWorker:
         path = self.store.write(step, "reward", table)
         self.store.record_commit(step, "reward", table.num_rows, self.policy_version)
         return StageResult("reward", step, time.perf_counter() - start, table.num_rows, path)
+
+    def preview(self, step: int, num_samples: int = 4) -> list[dict]:
+        """A few decoded samples of the step with their rewards (for the run's UI)."""
+        ro, rw = self.store.read(step, "rollout"), self.store.read(step, "reward")
+        rows = zip(ro.column("prompt_text").to_pylist(), ro.column("response_text").to_pylist(),
+                   rw.column("reward").to_pylist())
+        return [{"prompt": p, "response": r, "reward": x} for p, r, x in list(rows)[:num_samples]]
 
     def begin_weight_update(self) -> None:
         self.engine.wake_up(["weights"])  # weights only: never weights and KV cache together during a sync

@@ -70,3 +70,21 @@ def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
     cfg = micro_config(tmp_path_factory.mktemp("runs"))
     result = rl_train(cfg, run_id="reference")
     return cfg, result
+
+
+def run_micro(store_root: Path, run_id: str, *flags: str):
+    """Train the micro configuration through the real flow; returns (cfg, run_dir)."""
+    from flows.rl_train import rl_train
+
+    cfg = micro_config(store_root, *flags)
+    return cfg, rl_train(cfg, run_id=run_id)["run_dir"]
+
+
+def read_stage(run_dir: str, step: int, stage: str):
+    import pyarrow.dataset as pds
+
+    return pds.dataset(f"{run_dir}/steps/{step}/{stage}", format="parquet").to_table()
+
+
+def read_metrics(run_dir: str, step: int) -> dict:
+    return read_stage(run_dir, step, "metrics").to_pylist()[0]

@@ -24,8 +24,7 @@ def test_train_refuses_the_seed_recipe_with_one_message():
     assert "Traceback" not in out
     assert out.count("hybrid train cannot start") == 1
     assert "needs 4 GPUs, found 0" in out
-    for flag in ("--ds.packing_samples", "--ds.ring_attn_size", "--train.dynamic_batch_enable",
-                 "--algo.dynamic_filtering_enable"):
+    for flag in ("--ds.packing_samples", "--ds.ring_attn_size", "--train.dynamic_batch_enable"):
         assert flag in out, flag
     assert "ray" not in out.lower().replace("ring_attn", "").replace("array", "")  # Ray never started
 

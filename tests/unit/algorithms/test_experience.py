@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from hybrid_core.algorithms.experience import (ActorLossSettings, AdvantageSettings, actor_objective,
+from hybrid_core.algorithms.experience import (ActorLossSettings, AdvantageSettings, PolicyMicroBatch,
+                                                actor_objective,
                                                compute_advantages)
 
 
@@ -106,7 +107,7 @@ ADV = torch.tensor([[1.0, 2.0, 9.0], [-1.0, 0.5, -0.5]])  # the 9 lies outside t
 
 
 def test_actor_objective_policy_loss_only():
-    loss, stats = actor_objective(LOGPROBS, OLD, REF, ADV, MASK2, ActorLossSettings(kl_coef=0.2), 5.0, 1.0)
+    loss, stats = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, REF), ActorLossSettings(kl_coef=0.2), 5.0, 1.0)
     # −(1 + 2 − 1 + .5 − .5) / 5 = −0.4; KL not added without kl_use_loss
     _close(loss, -0.4)
     assert stats["policy_loss"] == pytest.approx(-0.4, abs=1e-6) and "kl_loss" not in stats
@@ -114,19 +115,19 @@ def test_actor_objective_policy_loss_only():
 
 def test_actor_objective_adds_the_token_mean_kl_with_kl_use_loss():
     s = ActorLossSettings(kl_coef=0.2, kl_estimator="k1", kl_use_loss=True)
-    loss, stats = actor_objective(LOGPROBS, OLD, REF, ADV, MASK2, s, 5.0, 1.0)
+    loss, stats = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, REF), s, 5.0, 1.0)
     # k1 on the mask: .5 − .5 + 0 + 1 − .5 = .5 → .5 / 5 = .1; loss = −0.4 + 0.2·0.1 = −0.38
     _close(loss, -0.38)
     assert stats["policy_loss"] == pytest.approx(-0.4, abs=1e-6)
     assert stats["kl_loss"] == pytest.approx(0.1, abs=1e-6) and stats["kl"] == pytest.approx(0.1, abs=1e-6)
-    no_ref, _ = actor_objective(LOGPROBS, OLD, None, ADV, MASK2, s, 5.0, 1.0)
+    no_ref, _ = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, None), s, 5.0, 1.0)
     _close(no_ref, -0.4)  # no reference model: nothing to add
 
 
 def test_ppo_micro_batches_add_up_to_the_step_loss():
     s = ActorLossSettings(kl_coef=0.2, kl_estimator="k1", kl_use_loss=True)
-    row0, _ = actor_objective(LOGPROBS[:1], OLD[:1], REF[:1], ADV[:1], MASK2[:1], s, 5.0, 0.5)
-    row1, _ = actor_objective(LOGPROBS[1:], OLD[1:], REF[1:], ADV[1:], MASK2[1:], s, 5.0, 0.5)
+    row0, _ = actor_objective(PolicyMicroBatch(LOGPROBS[:1], OLD[:1], ADV[:1], MASK2[:1], REF[:1]), s, 5.0, 0.5)
+    row1, _ = actor_objective(PolicyMicroBatch(LOGPROBS[1:], OLD[1:], ADV[1:], MASK2[1:], REF[1:]), s, 5.0, 0.5)
     # row 0: −(1 + 2)/5 + .2·(.5 − .5)/5 = −0.6; row 1: −(−1 + .5 − .5)/5 + .2·(1 − .5)/5 = 0.2 + 0.02 = 0.22
     _close(row0, -0.6)
     _close(row1, 0.22)
@@ -142,16 +143,16 @@ def test_micro_batches_add_up_with_random_ratios_and_clipping():
     for s in (ActorLossSettings(kl_coef=0.1, kl_estimator="k3", kl_use_loss=True, dual_clip=3.0),
               ActorLossSettings(loss_type="gspo", clip_low=3e-4, clip_high=4e-4)):
         n = float(mask.sum())
-        full, _ = actor_objective(logprobs, old, ref, adv, mask, s, n, 1.0)
-        parts = [actor_objective(logprobs[i:i + 2], old[i:i + 2], ref[i:i + 2], adv[i:i + 2], mask[i:i + 2], s,
+        full, _ = actor_objective(PolicyMicroBatch(logprobs, old, adv, mask, ref), s, n, 1.0)
+        parts = [actor_objective(PolicyMicroBatch(logprobs[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], ref[i:i + 2]), s,
                                  n, 2 / 6)[0] for i in (0, 2, 4)]
         _close(sum(parts), full.item())
 
 
 def test_gspo_weights_the_micro_batch_by_its_sequence_share():
     s = ActorLossSettings(loss_type="gspo")
-    full, _ = actor_objective(LOGPROBS, OLD, None, ADV, MASK2, s, 5.0, 1.0)
+    full, _ = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, None), s, 5.0, 1.0)
     # ratio 1: per-sequence token means −(1 + 2)/2 = −1.5 and −(−1 + .5 − .5)/3 = 1/3; mean (−1.5 + 1/3)/2
     _close(full, -0.5833333333)
-    half, _ = actor_objective(LOGPROBS[:1], OLD[:1], None, ADV[:1], MASK2[:1], s, 5.0, 0.5)
+    half, _ = actor_objective(PolicyMicroBatch(LOGPROBS[:1], OLD[:1], ADV[:1], MASK2[:1], None), s, 5.0, 0.5)
     _close(half, -0.75)  # −1.5 · 1/2

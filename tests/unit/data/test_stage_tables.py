@@ -27,15 +27,15 @@ def _rollout(lengths: list[int]) -> pa.Table:
 def _advantage(advantages: list[list[float]]) -> pa.Table:
     zeros = [[0.0] * len(a) for a in advantages]
     return advantage_table(KEYS[:len(advantages)], {"old_logprobs": zeros, "ref_logprobs": zeros,
-                                                    "advantages": advantages, "returns": zeros})
+                                                    "values": zeros, "advantages": advantages, "returns": zeros})
 
 
 def test_schemas():
     assert ROLLOUT_SCHEMA.names == ["prompt_index", "sample_index", "prompt_ids", "response_ids", "prompt_text",
                                     "response_text", "rollout_logprobs", "finish_reason", "label", "policy_version"]
     assert REWARD_SCHEMA.names == ["prompt_index", "sample_index", "reward", "score", "extra_logs"]
-    assert ADVANTAGE_SCHEMA.names == ["prompt_index", "sample_index", "old_logprobs", "ref_logprobs", "advantages",
-                                      "returns"]
+    assert ADVANTAGE_SCHEMA.names == ["prompt_index", "sample_index", "old_logprobs", "ref_logprobs", "values",
+                                      "advantages", "returns"]
     assert ROLLOUT_SCHEMA.field("response_ids").type == pa.list_(pa.int32())
     assert ROLLOUT_SCHEMA.field("rollout_logprobs").type == pa.list_(pa.float32())
     assert REWARD_SCHEMA.field("reward").type == pa.float32()

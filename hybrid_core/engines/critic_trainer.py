@@ -1,0 +1,44 @@
+"""The critic's update for one step: clipped value loss (inventory §3.9) over the step's samples.
+
+Owns the critic's micro-batch loss (the micro-batch token mean of `value_loss`, weighted to one global token mean per
+optimizer step). The loop is `minibatch_updates`. It knows nothing about Ray or the store.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybrid_core.algorithms.losses import value_loss
+from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
+from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, run_updates
+from hybrid_core.engines.sequence_batch import make_sequence_batch, pad
+from hybrid_core.engines.value_model import response_values
+
+
+@dataclass(frozen=True)
+class CriticSamples:
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+    old_values: list[list[float]]
+    returns: list[list[float]]
+
+
+def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip: float | None,
+               plan: BatchPlan) -> dict:
+    def build(share: MicroBatchShare):
+        idx = share.indices
+        batch = make_sequence_batch([samples.prompt_ids[i] for i in idx], [samples.response_ids[i] for i in idx],
+                                    engine.pad_id)
+        T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
+        batch = batch.to(device)
+        old, returns = (pad([rows[i] for i in idx], T).to(device) for rows in (samples.old_values, samples.returns))
+        tokens = float(batch.response_mask.sum())
+
+        def loss_fn(model):
+            loss, stats = value_loss(response_values(model, batch), old, returns, batch.response_mask,
+                                     clip=value_clip)
+            loss = loss * (tokens / share.num_tokens)  # micro-batch token mean → its share of the step's mean
+            return loss, {"value_loss": loss.item(), "value_clip_ratio": stats.get("clip_ratio", 0.0)}
+
+        return loss_fn, tokens
+
+    return run_updates(engine, [len(r) for r in samples.response_ids], plan, build)

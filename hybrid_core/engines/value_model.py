@@ -1,0 +1,58 @@
+"""The critic's value model: a causal LM's backbone plus a linear value head, and its per-token response values.
+
+Owns loading (backbone weights from a local HF directory; the head, named `ds.value_head_prefix`, starts at zero so
+initial values are 0) and value forwards in the response layout of `sequence_batch`.
+It knows nothing about training loops, Ray or the store.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hybrid_core.engines.frozen_model import TORCH_DTYPES
+from hybrid_core.engines.sequence_batch import SequenceBatch, make_sequence_batch, unpad
+
+
+class ValueModel(nn.Module):
+    def __init__(self, backbone: nn.Module, hidden_size: int, head_prefix: str):
+        super().__init__()
+        self.model, self.head_prefix = backbone, head_prefix
+        head = nn.Linear(hidden_size, 1, bias=False, dtype=next(backbone.parameters()).dtype)
+        nn.init.zeros_(head.weight)
+        self.add_module(head_prefix, head)
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache: bool = False) -> torch.Tensor:
+        """Values (B, L): V of the state that ends at each position."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            use_cache=use_cache).last_hidden_state
+        return getattr(self, self.head_prefix)(hidden).squeeze(-1)
+
+
+def load_value_model(model_path: str, param_dtype: str, head_prefix: str) -> ValueModel:
+    from transformers import AutoConfig, AutoModel
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(f"critic.model_name_or_path must be a local HF model directory: got {model_path!r}")
+    backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype])
+    return ValueModel(backbone, AutoConfig.from_pretrained(model_path).hidden_size, head_prefix)
+
+
+def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """(B, T) values at the positions that precede each response token, zero where `response_mask` is 0."""
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids)
+    return torch.gather(values.float(), 1, batch.response_index) * batch.response_mask
+
+
+def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, micro_batch_size: int):
+    """Ragged per-sample values of every response, `micro_batch_size` rows at a time, without gradients."""
+    device = next(model.parameters()).device
+    out: list[list[float]] = []
+    with torch.no_grad():
+        for i in range(0, len(prompt_ids), micro_batch_size):
+            batch = make_sequence_batch(prompt_ids[i:i + micro_batch_size], response_ids[i:i + micro_batch_size],
+                                        pad_id).to(device)
+            out.extend(unpad(response_values(model, batch).cpu(), batch.response_mask.cpu()))
+    return out

@@ -1,0 +1,59 @@
+"""CriticWorker: the Ray actor owning the DeepSpeed value model (estimator `gae`): values and critic updates.
+
+Methods only delegate to `engines` and read the committed datasets; it knows nothing about Prefect.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from hybrid_core.config import CriticConfig, DsConfig, TrainConfig
+from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.engines.critic_trainer import CriticSamples, fit_critic
+from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks
+from hybrid_core.engines.frozen_model import load_tokenizer
+from hybrid_core.engines.minibatch_updates import BatchPlan
+from hybrid_core.engines.value_model import batched_values, load_value_model
+from hybrid_core.types import RunRef, StageResult
+
+
+@dataclass(frozen=True)
+class CriticWorkerArgs:
+    model_path: str
+    critic: CriticConfig
+    ds: DsConfig
+    train: TrainConfig
+    micro_batch_size: int
+    total_optimizer_steps: int
+    extensions_dir: str
+
+
+class CriticWorker:
+    def __init__(self, run: RunRef, args: CriticWorkerArgs):
+        clear_stale_build_locks(args.extensions_dir)
+        self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
+        pad_id = load_tokenizer(args.model_path).pad_token_id
+        model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix)
+        self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id)
+        self.engine.sleep()
+
+    def ready(self) -> bool:
+        return True
+
+    def values(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        self.engine.engine.eval()
+        return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
+                              self.args.micro_batch_size)
+
+    def train(self, step: int) -> StageResult:
+        start = time.perf_counter()
+        ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
+        samples = CriticSamples(ro.column("prompt_ids").to_pylist(), ro.column("response_ids").to_pylist(),
+                                adv.column("values").to_pylist(), adv.column("returns").to_pylist())
+        t = self.args.train
+        self.engine.wake_up()
+        stats = fit_critic(self.engine, samples, self.args.critic.value_clip,
+                           BatchPlan(t.batch_size, t.micro_batch_size, t.max_epochs, t.seed * 100019 + step))
+        self.engine.sleep()
+        metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
+        return StageResult("train", step, time.perf_counter() - start, metrics=metrics)

@@ -9,9 +9,11 @@ import os
 import sys
 
 USAGE = """usage: hybrid {train,plan} [--config FILE.yaml] [--<namespace>.<flag> VALUE ...]
+       hybrid deploy
 
   train   run the rl-train flow (refuses unimplemented flags and missing hardware first)
   plan    validate the configuration and print the placement, without starting anything
+  deploy  register the deployments of prefect.yaml with the Prefect server (`prefect deploy --all`)
 """
 
 
@@ -58,9 +60,21 @@ def train_command(argv: list[str]) -> int:
     return 0
 
 
+def deploy_command(argv: list[str]) -> int:
+    """`prefect deploy --all` from the directory that holds prefect.yaml (the repository root)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "prefect.yaml").is_file():
+        return _fail(f"prefect.yaml not found in {root}; run hybrid deploy from a checkout of this repository")
+    prefect = Path(sys.executable).with_name("prefect")
+    return subprocess.run([str(prefect), "--no-prompt", "deploy", "--all", *argv], cwd=root).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": train_command, "plan": plan_command}
+    commands = {"train": train_command, "plan": plan_command, "deploy": deploy_command}
     if not argv or argv[0] not in commands:
         print(USAGE, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -16,6 +16,7 @@ import torch
 log = logging.getLogger(__name__)
 SUPPORTED_VLLM = {"cpu": "0.32", "cuda": "0.26"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+PROGRESS_MIN_SAMPLES = 256
 
 
 class EngineAsleepError(RuntimeError):
@@ -100,7 +101,10 @@ class VllmRolloutEngine:
             raise EngineAsleepError(f"rollout engine is asleep ({sorted(self.awake)} awake); wake it up first")
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, logprobs=0, seed=s) for s in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
+        # long stages show vLLM's progress bar (samples done / total, tokens per second) in the terminal
+        show_progress = len(prompt_ids) * sampling.n >= PROGRESS_MIN_SAMPLES
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
+                                    use_tqdm=show_progress)
         return [[self._completion(c) for c in out.outputs] for out in outputs]
 
     @staticmethod

@@ -67,7 +67,8 @@ def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
     """The micro configuration trained for 3 steps through the real `rl-train` flow; returns (cfg, result)."""
     from flows.rl_train import rl_train
 
-    cfg = micro_config(tmp_path_factory.mktemp("runs"))
+    root = tmp_path_factory.mktemp("runs")
+    cfg = micro_config(root, "--logger.tensorboard_dir", str(root / "tb"), "--logger.wandb.key", "offline")
     result = rl_train(cfg, run_id="reference")
     return cfg, result
 

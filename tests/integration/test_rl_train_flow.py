@@ -94,3 +94,17 @@ def test_advantages_match_the_public_functions(reference_run):
     expected = whiten(compute_returns(place_sequence_rewards(shaped, mask), mask, 1.0), mask)
     torch.testing.assert_close(pad(adv.column("advantages").to_pylist()), expected * mask, rtol=0, atol=1e-5)
     assert float(kl.abs().sum()) < 1e-6  # step 1: the policy is still the reference
+
+
+def test_metrics_reach_tensorboard_and_offline_wandb(reference_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg, result = reference_run
+    events = EventAccumulator(str(Path(cfg.logger.tensorboard_dir) / "reference"))
+    events.Reload()
+    rewards = [e.value for e in events.Scalars("train/reward/mean")]
+    metrics = [pds.dataset(f"{result['run_dir']}/steps/{k}/metrics", format="parquet").to_table()
+               .column("reward/mean")[0].as_py() for k in (1, 2, 3)]
+    assert rewards == pytest.approx(metrics, abs=1e-6)
+    offline_runs = list((Path(result["run_dir"]) / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0

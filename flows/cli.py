@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-USAGE = """usage: hybrid {train,plan} [--config FILE.yaml] [--<namespace>.<flag> VALUE ...]
+USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>.<flag> VALUE ...]
+       hybrid train --resume RUN_DIR [--train.max_steps N]
+       hybrid plan [--config FILE.yaml] [flags]
+       hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]
        hybrid deploy
 
   train   run the rl-train flow (refuses unimplemented flags and missing hardware first)
   plan    validate the configuration and print the placement, without starting anything
+  rollouts  print per-step summaries and samples of a run's datasets
   deploy  register the deployments of prefect.yaml with the Prefect server (`prefect deploy --all`)
 """
 
@@ -43,10 +48,58 @@ def plan_command(argv: list[str]) -> int:
     return 0
 
 
+def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """Remove `flag VALUE` (or `flag=VALUE`) from argv; returns (VALUE or None, the rest)."""
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def _resume_config(run_dir: str, argv: list[str]):
+    """The run's saved configuration (+ --train.max_steps), refused when it no longer matches the manifest."""
+    import json
+
+    import fsspec
+
+    from hybrid_core.flags import config_differences
+
+    extra = [t for t in argv if t.startswith("--") and not t.startswith("--train.max_steps")]
+    if extra:
+        return None, f"hybrid train --resume takes no flags but --train.max_steps: got {' '.join(extra)}"
+    fs, root = fsspec.core.url_to_fs(run_dir.rstrip("/"))
+    if not fs.exists(f"{root}/manifest.json"):
+        return None, f"--resume: no run at {run_dir!r} (no manifest.json); give the directory of a run"
+    parent = run_dir.rstrip("/").rsplit("/", 1)[0] if "/" in run_dir.rstrip("/") else "."
+    with fs.open(f"{root}/config.yaml") as f, open(_tmp_yaml(), "wb") as out:
+        out.write(f.read())
+    cfg, error = _parse(["--config", _tmp_yaml(), *argv, "--store.root", parent])
+    if error:
+        return None, error
+    saved = json.loads(fs.cat_file(f"{root}/manifest.json"))["config"] | {"store": {"root": parent}}
+    if differing := config_differences(saved, cfg):
+        return None, "--resume refused: the saved configuration was changed: " + "; ".join(differing)
+    return cfg, None
+
+
+def _tmp_yaml() -> str:
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / f"hybrid-resume-{os.getpid()}.yaml")
+
+
 def train_command(argv: list[str]) -> int:
     from hybrid_core.plan import count_gpus, preflight_problems
 
-    cfg, error = _parse(argv)
+    run_id, argv = _take(argv, "--run_id")
+    resume_dir, argv = _take(argv, "--resume")
+    if resume_dir:
+        run_id = resume_dir.rstrip("/").rsplit("/", 1)[-1]
+        cfg, error = _resume_config(resume_dir, argv)
+    else:
+        cfg, error = _parse(argv)
     if error:
         return _fail(error)
     problems = preflight_problems(cfg, count_gpus())
@@ -55,7 +108,7 @@ def train_command(argv: list[str]) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.rl_train import rl_train
 
-    result = rl_train(cfg)
+    result = rl_train(cfg, run_id=run_id, resume=bool(resume_dir))
     print(f"run data: {result['run_dir']}")
     return 0
 
@@ -74,7 +127,9 @@ def deploy_command(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": train_command, "plan": plan_command, "deploy": deploy_command}
+    from flows.rollouts_cli import rollouts_command
+
+    commands = {"train": train_command, "plan": plan_command, "deploy": deploy_command, "rollouts": rollouts_command}
     if not argv or argv[0] not in commands:
         print(USAGE, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -11,8 +11,9 @@ from tasks.stages import advantage, reward, rollout, sync, train
 def rl_step(run: RunRef, step: int) -> dict[str, float]:
     """Run the five stages of step `step`; returns the committed metrics row."""
     timings, extra = {}, {}
-    for stage in (rollout, reward, advantage, train):
+    retried = dict(retries=run.stage_retries, retry_delay_seconds=run.retry_delay_s)
+    for stage in (rollout.with_options(**retried), reward.with_options(**retried), advantage, train):
         result = stage(run, step)
         timings[stage.name] = result.seconds
         extra |= {key: value for key, value in result.metrics.items() if "/" in key}  # namespaced = metrics-row keys
-    return sync(run, step, timings, extra)
+    return sync.with_options(**retried)(run, step, timings, extra)

@@ -240,3 +240,12 @@ def parse_cli(argv: list[str]) -> RunConfig:
     for path, value in values.items():
         _set_path(data, path, value)
     return config_from_dict(data, problems)
+
+
+def config_differences(saved: dict, cfg: RunConfig, allowed=("train.max_steps",)) -> list[str]:
+    """Dotted fields whose value in `cfg` differs from a run's saved configuration (extending a run is allowed)."""
+    from hybrid_core.config import leaf_values
+
+    before, after = leaf_values(RunConfig.model_validate(saved)), leaf_values(cfg)
+    return [f"{path}: saved {before[path]!r}, now {after[path]!r}" for path in after
+            if path not in allowed and before[path] != after[path]]

@@ -20,6 +20,8 @@ class RunRef:
     store_root: str
     stage_timeout_s: float = 3600.0
     roles: tuple[str, ...] = ("actor", "rollout")
+    stage_retries: int = 2
+    retry_delay_s: float = 5.0
 
     @property
     def namespace(self) -> str:

@@ -24,26 +24,26 @@ def _logged(result: StageResult) -> StageResult:
 @task(name="rollout", task_run_name="rollout-step-{step}", retries=2, **STAGE_OPTIONS)
 def rollout(run: RunRef, step: int) -> StageResult:
     """Wake the engines, generate n samples per prompt of step `step`, sleep them, commit `rollout`."""
-    return _logged(call(run, "rollout", "generate", step))
+    return _logged(call(run, "rollout", "generate", step, step=step))
 
 
 @task(name="reward", task_run_name="reward-step-{step}", retries=2, **STAGE_OPTIONS)
 def reward(run: RunRef, step: int) -> StageResult:
     """Score the committed rollouts with the reward function; commit `reward`."""
-    return _logged(call(run, "rollout", "score", step))
+    return _logged(call(run, "rollout", "score", step, step=step))
 
 
 @task(name="advantage", task_run_name="advantage-step-{step}", retries=1, **STAGE_OPTIONS)
 def advantage(run: RunRef, step: int) -> StageResult:
     """Old and reference logprobs, KL, baselines, returns, whitening; commit `advantage`."""
-    return _logged(call(run, "actor", "make_experience", step))
+    return _logged(call(run, "actor", "make_experience", step, step=step))
 
 
 @task(name="train", task_run_name="train-step-{step}", retries=0, **STAGE_OPTIONS)
 def train(run: RunRef, step: int) -> StageResult:
     """Wake DeepSpeed, update the critic (gae) then the policy on the step's samples, put them back to sleep."""
-    critic = _logged(call(run, "critic", "train", step)) if "critic" in run.roles else None
-    actor = _logged(call(run, "actor", "train", step))
+    critic = _logged(call(run, "critic", "train", step, step=step)) if "critic" in run.roles else None
+    actor = _logged(call(run, "actor", "train", step, step=step))
     if critic is None:
         return actor
     return StageResult("train", step, critic.seconds + actor.seconds, metrics=critic.metrics | actor.metrics)
@@ -52,11 +52,11 @@ def train(run: RunRef, step: int) -> StageResult:
 @task(name="sync", task_run_name="sync-step-{step}", retries=2, **STAGE_OPTIONS)
 def sync(run: RunRef, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
     """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
-    result = _logged(call(run, "actor", "sync", step))
-    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra)
+    result = _logged(call(run, "actor", "sync", step, step=step))
+    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra, step=step)
 
 
 @task(name="samples", task_run_name="samples-step-{step}", retries=1, **STAGE_OPTIONS)
 def samples(run: RunRef, step: int) -> list[dict]:
     """A few decoded samples of the step with their rewards, for the run's UI."""
-    return call(run, "rollout", "preview", step)
+    return call(run, "rollout", "preview", step, step=step)

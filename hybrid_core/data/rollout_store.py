@@ -5,6 +5,7 @@ append-only `events.jsonl`. It knows nothing about what the columns mean or who 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -99,9 +100,37 @@ class RolloutStore:
         else:
             self.fs.pipe_file(path, data)
 
-    def record_commit(self, step: int, stage: str, rows: int, policy_version: int) -> None:
+    def record_commit(self, step: int, stage: str, rows: int, policy_version: int, content_hash: str = "") -> None:
         """Add the committed stage to manifest.json (the run's table of contents) and log the commit event."""
-        manifest = self.read_json("manifest.json", {"steps": {}})
-        manifest["steps"].setdefault(str(step), {})[stage] = {"rows": rows, "policy_version": policy_version}
-        self.write_json("manifest.json", manifest)
+        self.update_manifest(step, stage, {"rows": rows, "policy_version": policy_version, "hash": content_hash})
         self.log_event(step, stage, "commit", rows=rows)
+
+    def update_manifest(self, step: int, key: str, value) -> None:
+        manifest = self.manifest()
+        manifest["steps"].setdefault(str(step), {})[key] = value
+        self.write_json("manifest.json", manifest)
+
+    def manifest(self) -> dict:
+        return self.read_json("manifest.json", {"steps": {}})
+
+    def commit(self, step: int, stage: str, table: pa.Table, policy_version: int, drop_from_hash=()) -> str:
+        """Write the stage atomically, then record it (rows, content hash, policy version) in the manifest."""
+        path = self.write(step, stage, table)
+        self.record_commit(step, stage, table.num_rows, policy_version, table_hash(table, drop_from_hash))
+        return path
+
+    def committed_entry(self, step: int, stage: str) -> dict | None:
+        """The manifest entry of a stage whose dataset is committed for the policy that step k uses (k − 1)."""
+        entry = self.manifest()["steps"].get(str(step), {}).get(stage)
+        if entry is None or entry.get("policy_version") != step - 1 or not self.is_committed(step, stage):
+            return None
+        return entry
+
+
+def table_hash(table: pa.Table, drop=()) -> str:
+    """sha256 of the table's Arrow IPC bytes (without `drop` columns, e.g. wall-clock timings)."""
+    table = table.drop_columns([c for c in drop if c in table.column_names])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()

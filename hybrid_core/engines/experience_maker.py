@@ -53,6 +53,18 @@ def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward
     empty = [[] for _ in old]
     columns = {"old_logprobs": old, "ref_logprobs": ref or empty, "values": values or empty,
                "advantages": unpad(result.advantages, mask), "returns": unpad(result.returns, mask)}
-    stats = {"experience_kl": float(masked_mean(result.kl, mask)) if ref else 0.0,
-             "experience_kl_seq": sequence_mean_kl(result.kl, mask) if ref else 0.0}
-    return advantage_table(keys, columns), stats
+    table = advantage_table(keys, columns)
+    return table, experience_stats(table, settings.kl_estimator)
+
+
+def experience_stats(table: pa.Table, kl_estimator: str) -> dict:
+    """The statistics `make_advantage_table` reports, recomputed from a committed advantage table (replays)."""
+    from hybrid_core.algorithms.kl import kl_penalty
+
+    old, ref = table.column("old_logprobs").to_pylist(), table.column("ref_logprobs").to_pylist()
+    if not any(ref):
+        return {"experience_kl": 0.0, "experience_kl_seq": 0.0}
+    T = max(1, max(len(r) for r in old))
+    mask = pad([[1.0] * len(r) for r in old], T)
+    kl = kl_penalty(pad(old, T), pad(ref, T), kl_estimator) * mask
+    return {"experience_kl": float(masked_mean(kl, mask)), "experience_kl_seq": sequence_mean_kl(kl, mask)}

@@ -18,8 +18,10 @@ from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.stage_tables import metrics_table, step_metrics
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
+from hybrid_core.engines.checkpoint import (export_hf, load_checkpoint, remove_checkpoints, rng_state,
+                                           save_checkpoint, set_rng_state)
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, load_policy
-from hybrid_core.engines.experience_maker import ExperienceSources, make_advantage_table
+from hybrid_core.engines.experience_maker import ExperienceSources, experience_stats, make_advantage_table
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.weight_sync import iter_buckets
@@ -44,6 +46,12 @@ class ActorWorkerArgs:
     freezing_steps: int
     extensions_dir: str
     sinks: SinkSettings
+    ckpt_root: str
+    save_hf: bool
+    max_num: int
+
+
+VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s")  # wall-clock figures: excluded from hashes and replay checks
 
 
 def make_kl_controller(kl: KlConfig):
@@ -60,19 +68,25 @@ class ActorWorker:
         self.engine.sleep()
         self.kl_controller = make_kl_controller(args.kl)
         self.sinks = MetricSinks(args.sinks)
-        self.policy_version, self.step_stats = 0, {}
+        self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
 
     def ready(self) -> dict:
-        return {"policy_version": self.policy_version}
+        return {"policy_version": self.policy_version, "trained_step": self.trained_step}
 
     def make_experience(self, step: int) -> StageResult:
+        if self.store.committed_entry(step, "advantage"):  # produced by exactly this policy: replay it
+            table = self.store.read(step, "advantage")
+            self.step_stats[step] = experience_stats(table, self.args.advantage.kl_estimator) | {"kl_coef": self.kl_controller.coef,
+                                                               "num_samples": table.num_rows}
+            self.store.log_event(step, "advantage", "replay")
+            return StageResult("advantage", step, 0.0, table.num_rows, replayed=True)
+        self.store.log_event(step, "advantage", "start")
         start = time.perf_counter()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         table, stats = make_advantage_table(self.engine, self.store.read(step, "rollout"),
                                             self.store.read(step, "reward"), self._sources(), settings,
                                             self.args.penalties, self.args.experience_micro_batch_size)
-        path = self.store.write(step, "advantage", table)
-        self.store.record_commit(step, "advantage", table.num_rows, self.policy_version)
+        path = self.store.commit(step, "advantage", table, step - 1)
         self.step_stats[step] = stats | {"kl_coef": self.kl_controller.coef, "num_samples": table.num_rows}
         return StageResult("advantage", step, time.perf_counter() - start, table.num_rows, path, metrics=stats)
 
@@ -87,6 +101,9 @@ class ActorWorker:
         return forward
 
     def train(self, step: int) -> StageResult:
+        if self.trained_step >= step:  # a re-attached actor that already trained this step
+            return StageResult("train", step, 0.0, replayed=True, metrics=self.step_stats.get(step, {}))
+        self.store.log_event(step, "train", "start")
         start = time.perf_counter()
         stats = {"actor_frozen": 1.0}
         if step > self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
@@ -96,7 +113,7 @@ class ActorWorker:
             self.engine.sleep()
         experience = self.step_stats.get(step, {})
         self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
-        self.step_stats[step] = experience | stats
+        self.step_stats[step], self.trained_step = experience | stats, step
         return StageResult("train", step, time.perf_counter() - start, metrics=stats)
 
     def _train_samples(self, step: int) -> TrainSamples:
@@ -112,22 +129,56 @@ class ActorWorker:
 
     def sync(self, step: int) -> StageResult:
         """Push the trained weights to the rollout engine bucket by bucket; the engines then hold version `step`."""
+        if self.policy_version >= step:
+            return StageResult("sync", step, 0.0, replayed=True)
+        self.store.log_event(step, "sync", "start")
         start = time.perf_counter()
         rollout = ray.get_actor(self.run.actor_name("rollout"), namespace=self.run.namespace)
         ray.get(rollout.begin_weight_update.remote(), timeout=self.run.stage_timeout_s)
         sent = sum(ray.get(rollout.load_bucket.remote(b), timeout=self.run.stage_timeout_s)
                    for b in iter_buckets(self.engine.module, self.args.sync_bucket_bytes, self.engine.is_zero3))
         self.policy_version = ray.get(rollout.end_weight_update.remote(step), timeout=self.run.stage_timeout_s)
+        self.store.update_manifest(step, "sync", {"policy_version": step})
+        self.store.log_event(step, "sync", "commit")
         return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
 
     def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""
         tables = [self.store.read(step, s) for s in ("rollout", "reward", "advantage")]
         metrics = step_metrics(*tables, self.step_stats.pop(step, {}), timings, extra)
-        self.store.write(step, "metrics", metrics_table(step, metrics))
-        self.store.record_commit(step, "metrics", 1, self.policy_version)
+        if self.store.committed_entry(step, "metrics"):  # a replayed step must reproduce what it committed
+            committed = self.store.read(step, "metrics").to_pylist()[0]
+            check_reproduced(step, committed, metrics)
+            self.store.log_event(step, "metrics", "replay")
+            return committed
+        self.store.commit(step, "metrics", metrics_table(step, metrics), step - 1,
+                          drop_from_hash=[k for k in metrics if k.startswith(VOLATILE_METRICS)])
         self.sinks.log(step, metrics)
         return metrics
+
+    def save_checkpoint(self, step: int) -> str:
+        """DeepSpeed checkpoint of the policy with the client state resume needs; HF weights with ckpt.save_hf."""
+        state = {"step": step, "policy_version": self.policy_version, "kl_coef": self.kl_controller.coef,
+                 "rng": rng_state()}
+        uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, state)
+        if self.args.save_hf:
+            export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
+        self.store.update_manifest(step, "checkpoint", f"global_step{step}")
+        self.store.log_event(step, "checkpoint", "commit")
+        kept = sorted(int(k) for k, v in self.store.manifest()["steps"].items() if "checkpoint" in v)
+        if len(kept) > self.args.max_num:  # rotation: keep the newest ckpt.max_num
+            remove_checkpoints(self.args.ckpt_root, kept[:-self.args.max_num])
+            for old in kept[:-self.args.max_num]:
+                self.store.update_manifest(old, "checkpoint", None)
+        return uri
+
+    def restore(self, step: int) -> dict:
+        """Load checkpoint `step`: weights, optimizer, scheduler, KL coefficient and RNG states."""
+        state = load_checkpoint(self.engine, self.args.ckpt_root, "actor", step)
+        self.kl_controller.coef = state["kl_coef"]
+        set_rng_state(state["rng"])
+        self.trained_step = step  # weights of version `step`; the rollout engine gets them by `sync(step)`
+        return self.ready()
 
     def close(self) -> None:
         """Flush the metric sinks before the run's actors are killed."""
@@ -136,6 +187,15 @@ class ActorWorker:
     def logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_micro_batch_size)
 
-    def save_model(self, out_dir: str) -> str:
-        self.engine.save_hf(out_dir, self.tokenizer)
-        return out_dir
+    def save_model(self, out_uri: str) -> str:
+        return export_hf(self.engine, out_uri, self.tokenizer)
+
+
+def check_reproduced(step: int, committed: dict, metrics: dict, atol: float = 1e-6) -> None:
+    """Fail when a replayed step's figures differ from those it committed (wall-clock figures excepted)."""
+    differing = {k: (committed.get(k), v) for k, v in metrics.items()
+                 if not k.startswith(VOLATILE_METRICS) and isinstance(v, float)
+                 and abs((committed.get(k) or 0.0) - v) > atol * max(1.0, abs(v))}
+    if differing:
+        raise RuntimeError(f"replayed step {step} did not reproduce its committed metrics: {differing}; the "
+                           "restored policy is not the one that produced the committed datasets")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hybrid_core.config import CriticConfig, DsConfig, TrainConfig
 from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.engines.checkpoint import load_checkpoint, save_checkpoint
 from hybrid_core.engines.critic_trainer import CriticSamples, fit_critic
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks
 from hybrid_core.engines.frozen_model import load_tokenizer
@@ -26,6 +27,7 @@ class CriticWorkerArgs:
     micro_batch_size: int
     total_optimizer_steps: int
     extensions_dir: str
+    ckpt_root: str
 
 
 class CriticWorker:
@@ -36,9 +38,18 @@ class CriticWorker:
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix)
         self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id)
         self.engine.sleep()
+        self.trained_step, self.last_metrics = 0, {}
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> dict:
+        return {"trained_step": self.trained_step}
+
+    def save_checkpoint(self, step: int) -> str:
+        return save_checkpoint(self.engine, self.args.ckpt_root, "critic", step, {"step": step})
+
+    def restore(self, step: int) -> dict:
+        load_checkpoint(self.engine, self.args.ckpt_root, "critic", step)
+        self.trained_step = step
+        return self.ready()
 
     def values(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         self.engine.engine.eval()
@@ -46,6 +57,8 @@ class CriticWorker:
                               self.args.micro_batch_size)
 
     def train(self, step: int) -> StageResult:
+        if self.trained_step >= step:  # a re-attached critic that already trained this step
+            return StageResult("train", step, 0.0, replayed=True, metrics=self.last_metrics)
         start = time.perf_counter()
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
         samples = CriticSamples(ro.column("prompt_ids").to_pylist(), ro.column("response_ids").to_pylist(),
@@ -55,5 +68,6 @@ class CriticWorker:
         stats = fit_critic(self.engine, samples, self.args.critic.value_clip,
                            BatchPlan(t.batch_size, t.micro_batch_size, t.max_epochs, t.seed * 100019 + step))
         self.engine.sleep()
-        metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
-        return StageResult("train", step, time.perf_counter() - start, metrics=metrics)
+        self.trained_step = step
+        self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
+        return StageResult("train", step, time.perf_counter() - start, metrics=self.last_metrics)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import ray
 
 from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
-from hybrid_core.config import RunConfig
+from hybrid_core.config import RunConfig, changed_fields
 from hybrid_core.data.metric_sinks import SinkSettings
+from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
@@ -43,6 +44,16 @@ def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
     return num_steps * cfg.train.max_epochs * max(1, -(-samples_per_step // cfg.train.batch_size))
 
 
+def ckpt_root(cfg: RunConfig, run: RunRef) -> str:
+    """`ckpt.path` when set, else `<run dir>/ckpt`."""
+    return cfg.ckpt.path if "ckpt.path" in changed_fields(cfg) else f"{run.run_dir}/ckpt"
+
+
+def model_output_uri(cfg: RunConfig, run: RunRef) -> str:
+    """`ckpt.output_dir` when set, else `<run dir>/model`."""
+    return cfg.ckpt.output_dir if "ckpt.output_dir" in changed_fields(cfg) else f"{run.run_dir}/model"
+
+
 def sink_settings(cfg: RunConfig, run: RunRef) -> SinkSettings:
     """TensorBoard with --logger.tensorboard_dir; W&B with --logger.wandb.key (the key `offline` keeps it local)."""
     w = cfg.logger.wandb
@@ -65,13 +76,14 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
     return ActorWorkerArgs(a.model_name_or_path, a, cfg.ds, cfg.train, kl, advantage, penalties, loss, correction,
                            cfg.rollout.micro_batch_size, total_optimizer_steps(cfg, num_steps),
                            cfg.vllm.sync_bucket_mb * 2**20, cfg.roles, cfg.critic.freezing_steps,
-                           placement.extensions_dir(), sink_settings(cfg, run))
+                           placement.extensions_dir(), sink_settings(cfg, run), ckpt_root(cfg, run),
+                           cfg.ckpt.save_hf, cfg.ckpt.max_num)
 
 
-def critic_args(cfg: RunConfig, num_steps: int) -> CriticWorkerArgs:
+def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs:
     path = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path or cfg.actor.model_name_or_path
     return CriticWorkerArgs(path, cfg.critic, cfg.ds, cfg.train, cfg.rollout.micro_batch_size,
-                            total_optimizer_steps(cfg, num_steps), placement.extensions_dir())
+                            total_optimizer_steps(cfg, num_steps), placement.extensions_dir(), ckpt_root(cfg, run))
 
 
 def _share(cfg: RunConfig) -> float:
@@ -79,9 +91,8 @@ def _share(cfg: RunConfig) -> float:
     return round(min(0.2, 1.0 / num_roles), 3) if cfg.train.device == "cuda" else round(1.0 / num_roles, 3)
 
 
-def start_workers(cfg: RunConfig, run: RunRef) -> dict:
+def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     """Create the run's actors (rollout first: it knows how many steps the data gives) and wait until ready."""
-    placement.connect()
     pg = placement.RunPlacement(run, cfg.actor_world_size, cfg.train.device == "cpu")
     slot = placement.Slot(0, _share(cfg))
     rollout = pg.spawn(RolloutWorker, "rollout", slot, run, rollout_args(cfg))
@@ -93,9 +104,42 @@ def start_workers(cfg: RunConfig, run: RunRef) -> dict:
                        cfg.rollout.micro_batch_size)
         waits.append(ref.ready.remote())
     if cfg.uses_critic:
-        waits.append(pg.spawn(CriticWorker, "critic", slot, run, critic_args(cfg, num_steps)).ready.remote())
+        waits.append(pg.spawn(CriticWorker, "critic", slot, run, critic_args(cfg, num_steps, run)).ready.remote())
     ray.get(waits, timeout=placement.READY_TIMEOUT_S)
     return info
+
+
+def _live_state(run: RunRef) -> dict | None:
+    """Policy versions held by the run's live actors, or None when any of them is gone."""
+    try:
+        actor = ray.get(placement.get_worker(run, "actor").ready.remote(), timeout=60)
+        rollout = ray.get(placement.get_worker(run, "rollout").info.remote(), timeout=60)
+        for role in set(run.roles) - {"actor", "rollout"}:
+            ray.get(placement.get_worker(run, role).ready.remote(), timeout=60)
+    except (ValueError, ray.exceptions.RayError):
+        return None
+    return actor | {"rollout_version": rollout["policy_version"], "num_steps": rollout["num_steps"]}
+
+
+def start_workers(cfg: RunConfig, run: RunRef) -> dict:
+    """Re-attach to the run's live actors when they hold exactly the last synced policy; otherwise create them
+    and restore the newest checkpoint c. Returns {"num_steps", "resume_from", "attached"}: steps resume_from+1…
+    remain (those with committed datasets are replayed from the store)."""
+    placement.connect()
+    steps = RolloutStore(run.run_dir).manifest()["steps"]
+    synced = max([int(k) for k, v in steps.items() if "sync" in v], default=0)
+    live = _live_state(run)
+    common = {"model_uri": model_output_uri(cfg, run)}
+    if live and live["policy_version"] == live["trained_step"] == live["rollout_version"] == synced:
+        return common | {"num_steps": live["num_steps"], "resume_from": synced, "attached": True}
+    placement.kill_run(run)
+    info = _spawn_all(cfg, run)
+    ckpt = max([int(k) for k, v in steps.items() if v.get("checkpoint")], default=0)
+    if ckpt:
+        for role in [r for r in ("critic", "actor") if r in run.roles]:
+            ray.get(placement.get_worker(run, role).restore.remote(ckpt), timeout=placement.READY_TIMEOUT_S)
+        ray.get(placement.get_worker(run, "actor").sync.remote(ckpt), timeout=placement.READY_TIMEOUT_S)
+    return common | {"num_steps": info["num_steps"], "resume_from": ckpt, "attached": False}
 
 
 def stop_workers(run: RunRef) -> None:
@@ -107,3 +151,22 @@ def stop_workers(run: RunRef) -> None:
     except (ValueError, ray.exceptions.RayError):
         pass  # no live actor: nothing to flush
     placement.kill_run(run)
+
+
+def open_run(cfg: RunConfig, run: RunRef) -> bool:
+    """Save the run's configuration on first use (manifest + config.yaml); on later use refuse a changed one.
+
+    Returns True when the run already existed (its committed work will be reused).
+    """
+    from hybrid_core.flags import config_differences, config_to_yaml
+
+    store = RolloutStore(run.run_dir)
+    manifest = store.manifest()
+    if "config" in manifest:
+        if differing := config_differences(manifest["config"], cfg):
+            raise ValueError(f"run {run.run_id} was started with another configuration; refusing to resume: "
+                             + "; ".join(differing) + ". Start a new --run_id or restore the saved values")
+        return True
+    store.write_json("manifest.json", manifest | {"config": cfg.model_dump(mode="json"), "run_id": run.run_id})
+    store.fs.pipe_file(f"{store.root}/config.yaml", config_to_yaml(cfg).encode())
+    return False

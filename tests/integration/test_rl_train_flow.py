@@ -62,10 +62,16 @@ def test_manifest_and_events_record_every_commit(reference_run):
     run_dir = Path(result["run_dir"])
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert sorted(manifest["steps"]) == ["1", "2", "3"]
-    assert set(manifest["steps"]["2"]) == {"rollout", "reward", "advantage", "metrics"}
+    assert set(manifest["steps"]["2"]) == {"rollout", "reward", "advantage", "metrics", "sync"}
+    assert manifest["steps"]["3"]["sync"] == {"policy_version": 3}
+    assert all(len(manifest["steps"]["1"][stage]["hash"]) == 64 for stage in ("rollout", "reward", "advantage"))
+    assert manifest["config"]["rollout"]["batch_size"] == 2 and manifest["run_id"] == "reference"
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     commits = [(e["step"], e["stage"]) for e in events if e["event"] == "commit"]
-    assert commits == [(k, s) for k in (1, 2, 3) for s in ("rollout", "reward", "advantage", "metrics")]
+    assert commits == [(k, s) for k in (1, 2, 3) for s in ("rollout", "reward", "advantage", "sync", "metrics")]
+    starts = [(e["step"], e["stage"]) for e in events if e["event"] == "start"]
+    assert starts == [(k, s) for k in (1, 2, 3) for s in ("rollout", "reward", "advantage", "train", "sync")]
+    assert not [e for e in events if e["event"] == "replay"]
 
 
 def test_run_actors_are_gone_after_the_run(reference_run, ray_session):

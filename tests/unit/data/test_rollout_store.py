@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from hybrid_core.data import rollout_store
-from hybrid_core.data.rollout_store import SUCCESS, RolloutStore
+from hybrid_core.data.rollout_store import SUCCESS, RolloutStore, table_hash
 
 TABLE = pa.table({"prompt_index": [0, 0, 1], "reward": [1.0, 0.5, 0.0]})
 
@@ -151,12 +151,13 @@ def test_write_replaces_an_uncommitted_leftover_at_the_final_path(store):
 def test_record_commit_builds_the_manifest_and_logs_events(store):
     assert store.read_json("manifest.json") is None
     assert store.read_json("manifest.json", {"steps": {}}) == {"steps": {}}
-    store.record_commit(1, "rollout", rows=4, policy_version=0)
+    store.record_commit(1, "rollout", rows=4, policy_version=0, content_hash="h1")
     store.record_commit(1, "reward", rows=4, policy_version=0)
     store.record_commit(2, "rollout", rows=6, policy_version=1)
     assert store.read_json("manifest.json") == {"steps": {
-        "1": {"rollout": {"rows": 4, "policy_version": 0}, "reward": {"rows": 4, "policy_version": 0}},
-        "2": {"rollout": {"rows": 6, "policy_version": 1}},
+        "1": {"rollout": {"rows": 4, "policy_version": 0, "hash": "h1"},
+              "reward": {"rows": 4, "policy_version": 0, "hash": ""}},
+        "2": {"rollout": {"rows": 6, "policy_version": 1, "hash": ""}},
     }}
     store.log_event(2, "train", "start", attempt=1)
     lines = store.fs.cat_file(f"{store.root}/events.jsonl").decode().splitlines()
@@ -190,3 +191,19 @@ def test_local_write_json_keeps_the_old_document_if_the_rename_fails(tmp_path, m
     with pytest.raises(OSError):
         store.write_json("manifest.json", {"steps": {}})
     assert store.read_json("manifest.json") == {"steps": {"1": {}}}  # readers still see a complete document
+
+
+def test_commit_records_a_content_hash_and_committed_entry_checks_the_version(store):
+    import hashlib
+
+    table = pa.table({"a": [1, 2, 3]})
+    store.commit(2, "rollout", table, policy_version=1)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    expected = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()  # independent of table_hash
+    assert store.committed_entry(2, "rollout") == {"rows": 3, "policy_version": 1, "hash": expected}
+    store.commit(3, "rollout", table, policy_version=1)  # step 3 must be produced by version 2
+    assert store.committed_entry(3, "rollout") is None
+    timed = pa.table({"a": [1], "timing_s/x": [0.5]})
+    assert table_hash(timed, drop=["timing_s/x"]) == table_hash(pa.table({"a": [1]}))

@@ -1,0 +1,66 @@
+"""`hybrid rollouts RUN_DIR [--step K] [--stage STAGE] [--head N]`: a run's datasets at a glance.
+
+Prints one summary line per committed step (rows, reward, response length, KL from the metrics rows), then the first
+N rows of one stage of one step (default: the rollouts of the last step). Reads the Arrow datasets with pyarrow and
+fsspec directly, locally or on s3://, so it works on a run whose workers are long gone.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+USAGE = "usage: hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]"
+STAGES = ("rollout", "reward", "advantage", "metrics")
+
+
+def _options(argv: list[str]) -> dict:
+    opts, rest = {"step": None, "stage": "rollout", "head": 5}, list(argv)
+    for name, kind in (("step", int), ("stage", str), ("head", int)):
+        if f"--{name}" in rest:
+            i = rest.index(f"--{name}")
+            opts[name] = kind(rest[i + 1])
+            del rest[i:i + 2]
+    if len(rest) != 1 or opts["stage"] not in STAGES:
+        raise ValueError(USAGE)
+    return opts | {"run_dir": rest[0].rstrip("/")}
+
+
+def _table(fs, root: str, step: int, stage: str):
+    import pyarrow.dataset as pds
+
+    files = sorted(p for p in fs.ls(f"{root}/steps/{step}/{stage}", detail=False) if p.endswith(".parquet"))
+    return pds.dataset(files, format="parquet", filesystem=fs).to_table()
+
+
+def _cell(value, width: int = 60) -> str:
+    text = json.dumps(value) if isinstance(value, list) else str(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def rollouts_command(argv: list[str]) -> int:
+    import fsspec
+
+    try:
+        opts = _options(argv)
+    except (ValueError, IndexError) as err:
+        print(err if str(err).startswith("usage") else f"{USAGE}\n{err}", file=sys.stderr)
+        return 2
+    fs, root = fsspec.core.url_to_fs(opts["run_dir"])
+    if not fs.exists(f"{root}/manifest.json"):
+        print(f"no run at {opts['run_dir']!r} (no manifest.json)", file=sys.stderr)
+        return 2
+    steps = json.loads(fs.cat_file(f"{root}/manifest.json"))["steps"]
+    done = sorted(int(k) for k, v in steps.items() if "metrics" in v)
+    for k in done:
+        m = _table(fs, root, k, "metrics").to_pylist()[0]
+        print(f"step {k}: {steps[str(k)]['rollout']['rows']} samples | reward {m['reward/mean']:.4f} | "
+              f"response length {m['rollout/response_length_mean']:.1f} | kl {m['actor/kl']:.5f}")
+    step = opts["step"] or (max(int(k) for k in steps) if steps else None)
+    if step is None or opts["stage"] not in steps.get(str(step), {}):
+        print(f"step {step} has no committed {opts['stage']!r} dataset", file=sys.stderr)
+        return 2
+    table = _table(fs, root, step, opts["stage"]).slice(0, opts["head"])
+    print(f"\n{opts['stage']} of step {step} (first {table.num_rows} rows):")
+    for row in table.to_pylist():
+        print("  " + " | ".join(f"{k}={_cell(v)}" for k, v in row.items()))
+    return 0

@@ -1,0 +1,87 @@
+"""Cross-field rules of the run configuration: each helper returns its broken rules as messages that name both
+fields, the values and the fix; `rule_problems` gathers them all so one error lists everything.
+
+Owns the rules only; the fields and their bounds are in `config.py`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybrid_core.config import RunConfig
+
+GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
+
+
+def rule_problems(cfg: RunConfig) -> list[str]:
+    return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
+            *_colocation_problems(cfg), *_value_problems(cfg)]
+
+
+def _sleep_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.vllm.enable_sleep and cfg.train.async_enable:
+        problems.append("vllm.enable_sleep cannot be combined with train.async_enable: async mode keeps vLLM "
+                        "generating; drop --vllm.enable_sleep or --train.async_enable")
+    if cfg.vllm.enable_sleep and not cfg.train.colocate_all:
+        problems.append("vllm.enable_sleep requires train.colocate_all: got train.colocate_all=False; "
+                        "add --train.colocate_all or drop --vllm.enable_sleep")
+    return problems
+
+
+def _estimator_problems(cfg: RunConfig) -> list[str]:
+    estimator, n = cfg.algo.advantage.estimator, cfg.rollout.n_samples_per_prompt
+    if estimator in GROUP_ESTIMATORS and n <= 1:
+        return [f"algo.advantage.estimator {estimator!r} needs rollout.n_samples_per_prompt > 1: got {n}; "
+                "pass --rollout.n_samples_per_prompt 2 or more, or use --algo.advantage.estimator reinforce"]
+    return []
+
+
+def _filtering_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.algo.dynamic_filtering_enable and cfg.reward.remote_url is None and cfg.train.agent_func_path is None:
+        problems.append("algo.dynamic_filtering_enable needs reward.remote_url or train.agent_func_path: got "
+                        "neither; pass --reward.remote_url or drop --algo.dynamic_filtering_enable")
+    if cfg.algo.dynamic_filtering_enable and cfg.rollout.n_samples_per_prompt <= 1:
+        problems.append("algo.dynamic_filtering_enable needs rollout.n_samples_per_prompt > 1: got "
+                        f"{cfg.rollout.n_samples_per_prompt}; pass --rollout.n_samples_per_prompt 2 or more, "
+                        "or drop --algo.dynamic_filtering_enable")
+    return problems
+
+
+def _colocation_problems(cfg: RunConfig) -> list[str]:
+    problems = []
+    if cfg.train.colocate_all and not cfg.train.async_enable and cfg.vllm.num_engines is not None:
+        if cfg.actor_world_size != cfg.num_rollout_gpus:
+            problems.append(
+                "train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
+                f"vllm.tensor_parallel_size: got {cfg.actor_world_size} and {cfg.num_rollout_gpus}; "
+                "change --vllm.num_engines or --actor.num_gpus_per_node so both sides match")
+    pairs = []  # a colocated pair shares one placement group: both roles ask for the same nodes × GPUs
+    if (cfg.train.colocate_all or cfg.train.colocate_actor_ref) and cfg.uses_ref:
+        pairs.append((cfg.ref, "ref", cfg.actor, "actor"))
+    if cfg.train.colocate_critic_reward and cfg.uses_critic and cfg.uses_reward_model:
+        pairs.append((cfg.reward, "reward", cfg.critic, "critic"))
+    for role, name, owner, owner_name in pairs:
+        got, want = (role.num_nodes, role.num_gpus_per_node), (owner.num_nodes, owner.num_gpus_per_node)
+        if got != want:
+            problems.append(f"{name}.num_nodes and {name}.num_gpus_per_node must equal {owner_name}'s when "
+                            f"colocated: got {got} and {want}; pass --{name}.num_nodes {want[0]} "
+                            f"--{name}.num_gpus_per_node {want[1]}")
+    return problems
+
+
+def _value_problems(cfg: RunConfig) -> list[str]:
+    ranges = {"reward.clip_range": cfg.reward.clip_range,
+              "algo.dynamic_filtering_range": cfg.algo.dynamic_filtering_range,
+              "algo.advantage.is_correction_threshold": cfg.algo.advantage.is_correction_threshold}
+    problems = [f"{name} must have low < high: got {value!r}; pass --{name} LOW HIGH with LOW < HIGH"
+                for name, value in ranges.items() if not value[0] < value[1]]
+    low_high = cfg.actor.eps_clip_low_high
+    if low_high is not None and min(low_high) < 0:
+        problems.append(f"actor.eps_clip_low_high must be >= 0: got {low_high!r}; e.g. pass 0.2 0.28")
+    template = cfg.data.input_template
+    if template is not None and "{}" not in template:
+        problems.append(f"data.input_template must contain '{{}}' where the prompt goes: got {template!r}; "
+                        "e.g. --data.input_template 'Question: {} Answer:'")
+    return problems

@@ -42,6 +42,10 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "critic.model_name_or_path", "critic.num_nodes", "critic.num_gpus_per_node", "critic.value_clip",
     "critic.freezing_steps", "critic.adam.lr", "critic.adam.betas", "critic.adam.eps", "critic.adam.weight_decay",
     "critic.max_norm", "critic.lr_scheduler", "critic.lr_warmup_ratio", "critic.min_lr_ratio",
+    # durable runs and operations (issues #4, #5)
+    "ckpt.path", "ckpt.output_dir", "ckpt.save_steps", "ckpt.save_hf", "ckpt.max_num", "train.stage_retries",
+    "train.retry_delay_s", "logger.tensorboard_dir", "logger.wandb.key", "logger.wandb.org", "logger.wandb.group",
+    "logger.wandb.project", "logger.wandb.run_name",
 })
 
 # Choice fields where only some values work yet; checked even when the value is the default.

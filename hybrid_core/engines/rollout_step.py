@@ -60,7 +60,8 @@ def reward_rows(rollout: pa.Table, reward_func: Callable, source: str) -> pa.Tab
     prompts = rollout.column("prompt_text").to_pylist()
     responses = rollout.column("response_text").to_pylist()
     queries = [p + r for p, r in zip(prompts, responses)]
-    batch = score_samples(reward_func, source, queries, prompts, rollout.column("label").to_pylist())
+    batch = score_samples(reward_func, source, queries, prompts, rollout.column("label").to_pylist(),
+                          keys=sample_keys(rollout))
     return reward_table(sample_keys(rollout), batch.rewards, batch.scores, batch.extra_logs)
 
 

@@ -36,7 +36,7 @@ def load_reward_func(path: str) -> Callable:
     return module.reward_func
 
 
-def _as_floats(value, name: str, n: int, source: str) -> list[float]:
+def _as_floats(value, name: str, n: int, source: str, keys: list | None = None) -> list[float]:
     if isinstance(value, torch.Tensor):
         value = value.reshape(-1)
     try:
@@ -47,24 +47,43 @@ def _as_floats(value, name: str, n: int, source: str) -> list[float]:
     if len(values) != n:
         raise ValueError(f"reward_func in {source} returned {len(values)} {name} for {n} samples; return one each")
     floats = [float(v) for v in values]
-    if any(math.isnan(v) or math.isinf(v) for v in floats):
-        raise ValueError(f"reward_func in {source} returned a non-finite {name[:-1]}: {floats}; return finite numbers")
+    bad = [i for i, v in enumerate(floats) if math.isnan(v) or math.isinf(v)]
+    if bad:
+        raise ValueError(f"reward_func in {source} returned a non-finite {name[:-1]} {floats[bad[0]]} for sample "
+                         f"{_sample_name(bad[0], keys)} ({len(bad)} of {n} samples); return finite numbers")
     return floats
 
 
+def _sample_name(i: int, keys: list | None) -> str:
+    return f"#{i}" if keys is None else f"#{i} (prompt_index, sample_index) = {tuple(keys[i])}"
+
+
+def _first_failing(func: Callable, queries, prompts, labels) -> tuple[int, Exception] | None:
+    """Which sample makes the function raise: call it on one sample at a time."""
+    for i in range(len(queries)):
+        try:
+            func(queries[i:i + 1], prompts[i:i + 1], labels[i:i + 1])
+        except Exception as err:  # the user's code: any exception
+            return i, err
+    return None
+
+
 def score_samples(func: Callable, source: str, queries: list[str], prompts: list[str],
-                  labels: list[str]) -> RewardBatch:
-    """Call the function once on the whole batch and check what it returns."""
+                  labels: list[str], keys: list | None = None) -> RewardBatch:
+    """Call the function once on the whole batch and check what it returns; errors name the sample."""
     try:
         out = func(queries, prompts, labels)
     except Exception as err:
-        raise RuntimeError(f"reward_func in {source} raised {type(err).__name__}: {err}; fix the reward "
-                           f"function (it got {len(queries)} samples)") from err
+        failing = _first_failing(func, queries, prompts, labels)
+        i, cause = failing if failing else (None, err)
+        where = f"on sample {_sample_name(i, keys)}" if i is not None else f"on a batch of {len(queries)} samples"
+        raise RuntimeError(f"reward_func in {source} raised {type(cause).__name__}: {cause} {where}; fix the "
+                           f"reward function, then resume the run (committed stages are kept)") from err
     if not isinstance(out, dict) or "rewards" not in out:
         raise ValueError(f"reward_func in {source} must return a dict with 'rewards': got {type(out).__name__}")
     n = len(queries)
-    rewards = _as_floats(out["rewards"], "rewards", n, source)
-    scores = _as_floats(out["scores"], "scores", n, source) if "scores" in out else list(rewards)
+    rewards = _as_floats(out["rewards"], "rewards", n, source, keys)
+    scores = _as_floats(out["scores"], "scores", n, source, keys) if "scores" in out else list(rewards)
     extra = out.get("extra_logs") or {}
     per_sample = [{k: _item(v, i) for k, v in extra.items()} for i in range(n)]
     return RewardBatch(rewards, scores, per_sample)

@@ -28,10 +28,6 @@ SEED_NOT_IMPLEMENTED = [
     "--ds.packing_samples (set to True)",
     "--rollout.max_tokens_per_gpu (set to 32768)",
     "--train.dynamic_batch_enable (set to True)",
-    "--ckpt.path (set to './exp/Qwen3-4B-Thinking/ckpt')",
-    "--ckpt.output_dir (set to './exp/Qwen3-4B-Thinking')",
-    "--ckpt.save_steps (set to 10)",
-    "--ckpt.save_hf (set to True)",
 ]
 
 

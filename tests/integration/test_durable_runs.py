@@ -1,0 +1,91 @@
+"""Runs survive faults with nothing lost and nothing repeated: determinism, a killed driver resumed from the newest
+checkpoint with committed steps replayed, a failing reward function fixed and resumed, an edited config refused."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from durable_runs import MICRO, RayHead, events, fingerprint, wait_for_event
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory, tiny_model):
+    ray_head = RayHead(tmp_path_factory.mktemp("prefect-home"))
+    yield ray_head
+    ray_head.stop()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(head, tmp_path_factory):
+    root = tmp_path_factory.mktemp("store")
+    proc = head.train(*MICRO, "--store.root", str(root), "--run_id", "straight", log=root / "straight.log")
+    assert proc.wait(timeout=900) == 0, (root / "straight.log").read_text()[-3000:]
+    return root / "straight"
+
+
+def test_same_seed_gives_the_same_bytes(head, uninterrupted, tmp_path):
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "again", log=tmp_path / "again.log")
+    assert proc.wait(timeout=900) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    first, second = fingerprint(uninterrupted), fingerprint(tmp_path / "again")
+    assert len(first) == 6 * 4 + 1 and first == second
+
+
+def test_killed_driver_resumes_from_the_checkpoint_and_replays(head, uninterrupted, tmp_path):
+    run_dir = tmp_path / "killed"
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "killed", log=tmp_path / "killed.log")
+    wait_for_event(run_dir, 4, "train", "start", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    (run_dir / "steps" / "5").mkdir(parents=True, exist_ok=True)
+    (run_dir / "steps" / "5" / "rollout.tmp-deadbeef").mkdir()  # a crash between write and commit
+    resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert fingerprint(run_dir) == fingerprint(uninterrupted)
+    log = events(run_dir)
+    for step in (3, 4):
+        assert {(e["stage"], e["event"]) for e in log if e["step"] == step} >= {
+            ("rollout", "replay"), ("reward", "replay"), ("advantage", "replay")}
+        assert sum(1 for e in log if (e["step"], e["stage"], e["event"]) == (step, "rollout", "start")) == 1
+    assert not (run_dir / "steps" / "5" / "rollout.tmp-deadbeef").exists()
+
+
+def test_resume_refuses_an_edited_configuration(uninterrupted):
+    config = uninterrupted / "config.yaml"
+    original = config.read_text()
+    try:
+        config.write_text(original.replace("batch_size: 2\n", "batch_size: 3\n", 1))
+        proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--resume", str(uninterrupted)],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2
+        assert "rollout.batch_size: saved 2, now 3" in proc.stderr and "Traceback" not in proc.stderr
+    finally:
+        config.write_text(original)
+
+
+def test_a_failing_reward_function_is_fixed_and_resumed(head, uninterrupted, tmp_path):
+    reward = tmp_path / "flaky_reward.py"
+    good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
+    reward.write_text(good + "\n_ok = reward_func\n\ndef reward_func(queries, prompts, labels, **kw):\n"
+                      "    if any('aeiouy' == y for y in labels):\n        raise KeyError('no grader for aeiouy')\n"
+                      "    return _ok(queries, prompts, labels)\n")
+    flags = [*MICRO, "--store.root", str(tmp_path), "--run_id", "flaky", "--reward.remote_url", str(reward),
+             "--train.stage_retries", "0"]
+    failed = head.train(*flags, log=tmp_path / "flaky.log")
+    assert failed.wait(timeout=900) != 0
+    text = (tmp_path / "flaky.log").read_text()
+    assert "KeyError" in text and "no grader for aeiouy" in text and "(prompt_index, sample_index)" in text
+    committed_before = [e for e in events(tmp_path / "flaky") if e["event"] == "commit"]
+    reward.write_text(good)
+    resumed = head.train("--resume", str(tmp_path / "flaky"), log=tmp_path / "flaky-resumed.log")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "flaky-resumed.log").read_text()[-3000:]
+    starts = [(e["step"], e["stage"]) for e in events(tmp_path / "flaky") if e["event"] == "start"]
+    for c in committed_before:  # nothing committed before the failure was generated again
+        if c["stage"] in ("rollout", "reward", "advantage"):
+            assert starts.count((c["step"], c["stage"])) == 1, c

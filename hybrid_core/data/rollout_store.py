@@ -23,7 +23,12 @@ class RolloutStore:
     """Reads and commits the stage datasets of one run. Safe to construct in any process."""
 
     def __init__(self, run_dir: str, storage_options: dict | None = None):
-        self.fs, self.root = fsspec.core.url_to_fs(run_dir, **(storage_options or {}))
+        options = dict(storage_options or {})
+        if run_dir.startswith(("s3://", "s3a://")):
+            # other processes commit into the same prefixes: a cached listing would hide their _SUCCESS markers
+            options.setdefault("use_listings_cache", False)
+            options.setdefault("skip_instance_cache", True)
+        self.fs, self.root = fsspec.core.url_to_fs(run_dir, **options)
         self.run_dir = run_dir.rstrip("/")
         self.is_local = "file" in self.fs.protocol  # protocol is a str or a tuple of aliases
 

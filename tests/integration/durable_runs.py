@@ -25,9 +25,9 @@ MICRO = ["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--rollout.batch_siz
 class RayHead:
     """`ray start --head --block` in its own session, killed as a group at the end (never `ray stop`)."""
 
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, s3_endpoint: str):
         self.port, self.temp = free_port(), Path(f"/tmp/rh-{uuid.uuid4().hex[:6]}")
-        self.env = os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+        self.env = os.environ | S3_ENV | {"AWS_ENDPOINT_URL": s3_endpoint} | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                                  "RAY_ADDRESS": f"127.0.0.1:{self.port}", "PREFECT_HOME": str(home),
                                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
         self.env.pop("PREFECT_API_URL", None)
@@ -54,15 +54,48 @@ class RayHead:
         subprocess.run(["pkill", "-9", "-f", str(self.temp)], check=False)
 
 
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
-def wait_for_event(run_dir: Path, step: int, stage: str, event: str, proc: subprocess.Popen, timeout_s: float = 600):
+class MotoServer:
+    """A real S3-compatible server on loopback (moto's), for stores on s3://."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(3)
+
+    def filesystem(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": self.url},
+                                 use_listings_cache=False, skip_instance_cache=True)
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=20)
+
+
+def _read(run_dir, name: str, fs=None) -> bytes | None:
+    if fs is None:
+        path = Path(run_dir) / name
+        return path.read_bytes() if path.exists() else None
+    path = f"{str(run_dir).removeprefix('s3://')}/{name}"
+    return fs.cat_file(path) if fs.exists(path) else None
+
+
+def events(run_dir, fs=None) -> list[dict]:
+    text = _read(run_dir, "events.jsonl", fs)
+    return [json.loads(line) for line in text.decode().splitlines()] if text else []
+
+
+def wait_for_event(run_dir, step: int, stage: str, event: str, proc: subprocess.Popen, timeout_s: float = 600,
+                   fs=None):
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        if any((e["step"], e["stage"], e["event"]) == (step, stage, event) for e in events(run_dir)):
+        if any((e["step"], e["stage"], e["event"]) == (step, stage, event) for e in events(run_dir, fs)):
             return
         if proc.poll() is not None:
             raise AssertionError(f"hybrid train exited ({proc.returncode}) before {step}/{stage}/{event}")
@@ -70,10 +103,17 @@ def wait_for_event(run_dir: Path, step: int, stage: str, event: str, proc: subpr
     raise AssertionError(f"no {step}/{stage}/{event} event within {timeout_s}s")
 
 
-def fingerprint(run_dir: Path) -> dict:
+def fingerprint(run_dir, fs=None) -> dict:
     """Content hashes of every committed stage dataset of every step, and of the final weights."""
-    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest = json.loads(_read(run_dir, "manifest.json", fs))
     hashes = {f"{k}/{stage}": entry["hash"] for k, stages in manifest["steps"].items()
               for stage, entry in stages.items() if isinstance(entry, dict) and "hash" in entry}
-    weights = run_dir / "model" / "model.safetensors"
-    return hashes | {"weights": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    return hashes | {"weights": hashlib.sha256(_read(run_dir, "model/model.safetensors", fs)).hexdigest()}
+
+
+def kill_worker(role_class: str) -> None:
+    """SIGKILL the Ray worker process running `role_class` (e.g. "ActorWorker")."""
+    out = subprocess.run(["pgrep", "-f", f"ray::{role_class}"], capture_output=True, text=True).stdout.split()
+    assert out, f"no {role_class} process found"
+    for pid in out:
+        os.kill(int(pid), signal.SIGKILL)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from durable_runs import MICRO, RayHead, events, fingerprint, wait_for_event
+from durable_runs import MICRO, MotoServer, RayHead, events, fingerprint, kill_worker, wait_for_event
 
 from tests.conftest import REPO_ROOT
 
@@ -16,8 +16,16 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory, tiny_model):
-    ray_head = RayHead(tmp_path_factory.mktemp("prefect-home"))
+def s3():
+    server = MotoServer()
+    server.filesystem().mkdir("runs-bucket")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory, tiny_model, s3):
+    ray_head = RayHead(tmp_path_factory.mktemp("prefect-home"), s3.url)
     yield ray_head
     ray_head.stop()
 
@@ -89,3 +97,30 @@ def test_a_failing_reward_function_is_fixed_and_resumed(head, uninterrupted, tmp
     for c in committed_before:  # nothing committed before the failure was generated again
         if c["stage"] in ("rollout", "reward", "advantage"):
             assert starts.count((c["step"], c["stage"])) == 1, c
+
+
+@pytest.mark.parametrize("role_class, step, stage", [("ActorWorker", 4, "train"), ("RolloutWorker", 3, "rollout")])
+def test_a_killed_worker_is_recreated_on_resume(role_class, step, stage, head, uninterrupted, tmp_path):
+    run_dir = tmp_path / "worker-killed"
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "worker-killed",
+                      "--train.retry_delay_s", "1", log=tmp_path / "run.log")
+    wait_for_event(run_dir, step, stage, "start", proc)
+    kill_worker(role_class)
+    assert proc.wait(timeout=600) != 0
+    assert "the actor died" in (tmp_path / "run.log").read_text()
+    resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert fingerprint(run_dir) == fingerprint(uninterrupted)
+
+
+def test_killed_driver_resumes_with_the_store_on_s3(head, uninterrupted, s3, tmp_path):
+    fs, run_dir = s3.filesystem(), "s3://runs-bucket/fault/s3-killed"
+    proc = head.train(*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed",
+                      log=tmp_path / "s3.log")
+    wait_for_event(run_dir, 4, "train", "start", proc, fs=fs)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    resumed = head.train("--resume", run_dir, log=tmp_path / "s3-resumed.log")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "s3-resumed.log").read_text()[-3000:]
+    assert fingerprint(run_dir, fs) == fingerprint(uninterrupted)
+    assert any((e["step"], e["event"]) == (3, "replay") for e in events(run_dir, fs))

@@ -114,3 +114,21 @@ def test_metrics_reach_tensorboard_and_offline_wandb(reference_run):
     assert rewards == pytest.approx(metrics, abs=1e-6)
     offline_runs = list((Path(result["run_dir"]) / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0
+
+
+def test_hybrid_rollouts_prints_summaries_and_samples(reference_run):
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+
+    _, result = reference_run
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "rollouts", result["run_dir"], "--step", "2",
+                           "--stage", "reward", "--head", "3"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:3]] == ["step 1", "step 2", "step 3"]
+    assert "4 samples" in lines[0]
+    assert lines[4] == "reward of step 2 (first 3 rows):" and len(lines) == 8
+    assert lines[5].startswith("  prompt_index=")

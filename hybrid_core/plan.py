@@ -21,7 +21,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "actor.adam.lr", "actor.adam.betas", "actor.adam.eps", "actor.adam.weight_decay", "actor.max_norm",
     "actor.lr_scheduler", "actor.lr_warmup_ratio", "actor.min_lr_ratio",
     "ref.num_nodes", "ref.num_gpus_per_node",
-    "reward.remote_url", "reward.clip_range",
+    "reward.remote_url", "reward.clip_range", "reward.timeout_s", "reward.max_retries",
     "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.enable_sleep", "vllm.sleep_level",
     "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_bucket_mb",
     "ds.zero_stage", "ds.param_dtype", "ds.enable_sleep",
@@ -43,7 +43,8 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "critic.freezing_steps", "critic.adam.lr", "critic.adam.betas", "critic.adam.eps", "critic.adam.weight_decay",
     "critic.max_norm", "critic.lr_scheduler", "critic.lr_warmup_ratio", "critic.min_lr_ratio",
     # durable runs and operations (issues #4, #5)
-    "ckpt.path", "ckpt.output_dir", "ckpt.save_steps", "ckpt.save_hf", "ckpt.max_num", "train.stage_retries",
+    "ckpt.path", "ckpt.output_dir", "ckpt.save_steps", "ckpt.save_hf", "ckpt.max_num", "ckpt.load_enable",
+    "train.stage_retries",
     "train.retry_delay_s", "logger.tensorboard_dir", "logger.wandb.key", "logger.wandb.org", "logger.wandb.group",
     "logger.wandb.project", "logger.wandb.run_name",
 })
@@ -214,9 +215,9 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
                         "--vllm.tensor_parallel_size 1")
     if not cfg.train.colocate_all:
         problems.append("not implemented yet: separate GPU groups per role; add --train.colocate_all")
-    if cfg.reward.remote_url and not cfg.reward.remote_url.endswith(".py"):
-        problems.append(f"not implemented yet: HTTP reward servers (reward.remote_url={cfg.reward.remote_url!r}); "
-                        "give a .py file defining reward_func")
+    url = cfg.reward.remote_url
+    if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
+        problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")
     return problems
 
 

@@ -61,6 +61,14 @@ def load_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
     return client_state or {}
 
 
+def newest_checkpoint(ckpt_root: str, role: str = "actor") -> int:
+    """The highest step with a saved `<ckpt_root>/_<role>/global_step<k>`, or 0 when there is none."""
+    fs, root = fsspec.core.url_to_fs(ckpt_root)
+    steps = [int(p.rsplit("global_step", 1)[1]) for p in fs.glob(f"{root}/_{role}/global_step*")
+             if p.rsplit("global_step", 1)[1].isdigit()]
+    return max(steps, default=0)
+
+
 def remove_checkpoints(ckpt_root: str, steps: list[int]) -> None:
     """Rotation: delete the given steps' checkpoints of every role and their HF exports."""
     fs, root = fsspec.core.url_to_fs(ckpt_root)

@@ -175,6 +175,7 @@ class ActorWorker:
     def restore(self, step: int) -> dict:
         """Load checkpoint `step`: weights, optimizer, scheduler, KL coefficient and RNG states."""
         state = load_checkpoint(self.engine, self.args.ckpt_root, "actor", step)
+        self.store.log_event(step, "checkpoint", "restore")
         self.kl_controller.coef = state["kl_coef"]
         set_rng_state(state["rng"])
         self.trained_step = step  # weights of version `step`; the rollout engine gets them by `sync(step)`

@@ -11,6 +11,7 @@ from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettin
 from hybrid_core.config import RunConfig, changed_fields
 from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.engines.checkpoint import newest_checkpoint
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
@@ -36,7 +37,8 @@ def rollout_args(cfg: RunConfig) -> RolloutWorkerArgs:
     group_filter = GroupFilter(*cfg.algo.dynamic_filtering_range) if cfg.algo.dynamic_filtering_enable else None
     return RolloutWorkerArgs(engine, prompts, PromptFormat(d.apply_chat_template, d.input_template, d.max_len),
                              SamplingSettings(r.n_samples_per_prompt, max_new_tokens(cfg), r.temperature, r.top_p),
-                             cfg.reward.remote_url, cfg.train.seed, group_filter)
+                             cfg.reward.remote_url, cfg.train.seed, group_filter, cfg.reward.timeout_s,
+                             cfg.reward.max_retries)
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
@@ -135,6 +137,8 @@ def start_workers(cfg: RunConfig, run: RunRef) -> dict:
     placement.kill_run(run)
     info = _spawn_all(cfg, run)
     ckpt = max([int(k) for k, v in steps.items() if v.get("checkpoint")], default=0)
+    if not steps and cfg.ckpt.load_enable:  # a new run that starts from the newest checkpoint under ckpt.path
+        ckpt = newest_checkpoint(ckpt_root(cfg, run))
     if ckpt:
         for role in [r for r in ("critic", "actor") if r in run.roles]:
             ray.get(placement.get_worker(run, role).restore.remote(ckpt), timeout=placement.READY_TIMEOUT_S)

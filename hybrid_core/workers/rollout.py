@@ -14,6 +14,7 @@ from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 from hybrid_core.engines.weight_sync import Bucket, unflatten
+from hybrid_core.rewards.remote_http import remote_reward_func
 from hybrid_core.rewards.reward_func import load_reward_func
 from hybrid_core.types import RunRef, StageResult
 
@@ -38,6 +39,8 @@ class RolloutWorkerArgs:
     reward_path: str
     seed: int
     group_filter: GroupFilter | None = None
+    reward_timeout_s: float = 180.0
+    reward_max_retries: int = 5
 
 
 class RolloutWorker:
@@ -48,7 +51,8 @@ class RolloutWorker:
         p = args.prompts
         rows = load_prompt_rows(p.dataset, p.input_key, p.label_key, max_samples=p.max_samples)
         self.sampler = PromptSampler(rows, p.batch_size, p.num_episodes, args.seed, p.max_steps)
-        self.reward_func = load_reward_func(args.reward_path)
+        self.reward_func = remote_reward_func(args.reward_path, args.reward_timeout_s, args.reward_max_retries) \
+            if args.reward_path.startswith(("http://", "https://")) else load_reward_func(args.reward_path)
         self.engine = VllmRolloutEngine(args.engine)
         self.policy_version = 0
         if args.engine.enable_sleep:

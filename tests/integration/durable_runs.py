@@ -111,9 +111,18 @@ def fingerprint(run_dir, fs=None) -> dict:
     return hashes | {"weights": hashlib.sha256(_read(run_dir, "model/model.safetensors", fs)).hexdigest()}
 
 
-def kill_worker(role_class: str) -> None:
-    """SIGKILL the Ray worker process running `role_class` (e.g. "ActorWorker")."""
-    out = subprocess.run(["pgrep", "-f", f"ray::{role_class}"], capture_output=True, text=True).stdout.split()
+def kill_worker(head: RayHead, role_class: str) -> None:
+    """SIGKILL the head's Ray worker process running `role_class` (e.g. "ActorWorker")."""
+    out = subprocess.run(["pgrep", "-g", str(head.proc.pid), "-f", f"ray::{role_class}"], capture_output=True,
+                         text=True).stdout.split()
     assert out, f"no {role_class} process found"
     for pid in out:
         os.kill(int(pid), signal.SIGKILL)
+
+
+def assert_no_run_actors(head: RayHead) -> None:
+    """No worker process of a run is alive in the head's process group (runs kill their actors when they end)."""
+    alive = subprocess.run(["pgrep", "-g", str(head.proc.pid), "-fa",
+                            "ray::(ActorWorker|RolloutWorker|RefWorker|CriticWorker)"],
+                           capture_output=True, text=True).stdout.strip()
+    assert not alive, f"actors left behind: {alive}"

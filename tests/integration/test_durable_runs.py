@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from durable_runs import MICRO, MotoServer, RayHead, events, fingerprint, kill_worker, wait_for_event
+from durable_runs import (MICRO, MotoServer, RayHead, assert_no_run_actors, events, fingerprint, kill_worker,
+                          wait_for_event)
 
 from tests.conftest import REPO_ROOT
 
@@ -23,18 +24,26 @@ def s3():
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def head(tmp_path_factory, tiny_model, s3):
+    """Each test its own Ray head and PREFECT_HOME; the run's actors must be gone when the test ends."""
     ray_head = RayHead(tmp_path_factory.mktemp("prefect-home"), s3.url)
     yield ray_head
-    ray_head.stop()
+    try:
+        assert_no_run_actors(ray_head)
+    finally:
+        ray_head.stop()
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(head, tmp_path_factory):
+def uninterrupted(tmp_path_factory, tiny_model, s3):
     root = tmp_path_factory.mktemp("store")
-    proc = head.train(*MICRO, "--store.root", str(root), "--run_id", "straight", log=root / "straight.log")
-    assert proc.wait(timeout=900) == 0, (root / "straight.log").read_text()[-3000:]
+    ray_head = RayHead(tmp_path_factory.mktemp("prefect-home"), s3.url)
+    try:
+        proc = ray_head.train(*MICRO, "--store.root", str(root), "--run_id", "straight", log=root / "straight.log")
+        assert proc.wait(timeout=900) == 0, (root / "straight.log").read_text()[-3000:]
+    finally:
+        ray_head.stop()
     return root / "straight"
 
 
@@ -105,7 +114,7 @@ def test_a_killed_worker_is_recreated_on_resume(role_class, step, stage, head, u
     proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "worker-killed",
                       "--train.retry_delay_s", "1", log=tmp_path / "run.log")
     wait_for_event(run_dir, step, stage, "start", proc)
-    kill_worker(role_class)
+    kill_worker(head, role_class)
     assert proc.wait(timeout=600) != 0
     assert "the actor died" in (tmp_path / "run.log").read_text()
     resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
@@ -124,3 +133,21 @@ def test_killed_driver_resumes_with_the_store_on_s3(head, uninterrupted, s3, tmp
     assert resumed.wait(timeout=900) == 0, (tmp_path / "s3-resumed.log").read_text()[-3000:]
     assert fingerprint(run_dir, fs) == fingerprint(uninterrupted)
     assert any((e["step"], e["event"]) == (3, "replay") for e in events(run_dir, fs))
+
+
+def test_load_enable_starts_a_new_run_from_the_newest_checkpoint(head, uninterrupted, tmp_path):
+    """Extending the straight run to step 7 and a new run with --ckpt.load_enable from its checkpoint (step 6)
+    produce the same step 7."""
+    import shutil
+
+    extended = tmp_path / "extended"
+    shutil.copytree(uninterrupted, extended)
+    proc = head.train("--resume", str(extended), "--train.max_steps", "7", log=tmp_path / "extended.log")
+    assert proc.wait(timeout=900) == 0, (tmp_path / "extended.log").read_text()[-3000:]
+    loaded = head.train(*MICRO, "--train.max_steps", "7", "--store.root", str(tmp_path), "--run_id", "loaded",
+                        "--ckpt.load_enable", "--ckpt.path", str(uninterrupted / "ckpt"), log=tmp_path / "loaded.log")
+    assert loaded.wait(timeout=900) == 0, (tmp_path / "loaded.log").read_text()[-3000:]
+    ext, new = fingerprint(extended), fingerprint(tmp_path / "loaded")
+    assert [k for k in new if k != "weights"] == [f"7/{s}" for s in ("rollout", "reward", "advantage", "metrics")]
+    assert {k: new[k] for k in new} == {k: ext[k] for k in new}
+    assert ("checkpoint", "restore") in {(e["stage"], e["event"]) for e in events(tmp_path / "loaded")}

@@ -14,13 +14,6 @@ INPUTS = {"actor": {"model_name_or_path": str(REPO_ROOT / "data")},
           "data": {"prompt_dataset": str(REPO_ROOT / "data" / "demo_prompts.jsonl")},
           "reward": {"remote_url": str(REPO_ROOT / "data" / "letters_reward.py")}}
 INPUT_FLAGS = [f"--{ns}.{key}={value}" for ns, block in INPUTS.items() for key, value in block.items()]
-SEED_SLICE_PROBLEMS = [
-    "not implemented yet: more than one actor rank on GPUs (got 4); use --actor.num_nodes 1 "
-    "--actor.num_gpus_per_node 1",
-    "not implemented yet: more than one vLLM engine or TP > 1; use --vllm.num_engines 1 --vllm.tensor_parallel_size 1",
-    "not implemented yet: HTTP reward servers (reward.remote_url='examples/python/math_reward_func.py'); give a .py "
-    "file defining reward_func",
-]
 
 SEED_NOT_IMPLEMENTED = [
     "--ds.ring_attn_size (set to 2)",

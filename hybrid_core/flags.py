@@ -242,8 +242,9 @@ def parse_cli(argv: list[str]) -> RunConfig:
     return config_from_dict(data, problems)
 
 
-def config_differences(saved: dict, cfg: RunConfig, allowed=("train.max_steps",)) -> list[str]:
-    """Dotted fields whose value in `cfg` differs from a run's saved configuration (extending a run is allowed)."""
+def config_differences(saved: dict, cfg: RunConfig, allowed=("train.max_steps", "store.root")) -> list[str]:
+    """Dotted fields whose value in `cfg` differs from a run's saved configuration; extending a run (max_steps) and
+    moving its directory (store.root) are allowed."""
     from hybrid_core.config import leaf_values
 
     before, after = leaf_values(RunConfig.model_validate(saved)), leaf_values(cfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,18 +112,34 @@ def fingerprint(run_dir, fs=None) -> dict:
     return hashes | {"weights": hashlib.sha256(_read(run_dir, "model/model.safetensors", fs)).hexdigest()}
 
 
+def head_workers(head: RayHead, pattern: str) -> list[tuple[int, str]]:
+    """(pid, title) of the processes below the head's `ray start` whose title matches `pattern` (Ray puts its
+    worker processes in sessions of their own, so the process tree is the way to tell them from other Rays')."""
+    table = [line.split(None, 2) for line in subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="],
+                                                            capture_output=True, text=True).stdout.splitlines()]
+    children: dict[int, list[int]] = {}
+    titles = {}
+    for pid, ppid, *args in (row for row in table if len(row) >= 2):
+        children.setdefault(int(ppid), []).append(int(pid))
+        titles[int(pid)] = args[0] if args else ""
+    found, todo = [], [head.proc.pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            todo.append(child)
+            if re.search(pattern, titles[child]):
+                found.append((child, titles[child]))
+    return found
+
+
 def kill_worker(head: RayHead, role_class: str) -> None:
     """SIGKILL the head's Ray worker process running `role_class` (e.g. "ActorWorker")."""
-    out = subprocess.run(["pgrep", "-g", str(head.proc.pid), "-f", f"ray::{role_class}"], capture_output=True,
-                         text=True).stdout.split()
-    assert out, f"no {role_class} process found"
-    for pid in out:
-        os.kill(int(pid), signal.SIGKILL)
+    found = head_workers(head, rf"^ray::{role_class}")
+    assert found, f"no {role_class} process found"
+    for pid, _ in found:
+        os.kill(pid, signal.SIGKILL)
 
 
 def assert_no_run_actors(head: RayHead) -> None:
     """No worker process of a run is alive in the head's process group (runs kill their actors when they end)."""
-    alive = subprocess.run(["pgrep", "-g", str(head.proc.pid), "-fa",
-                            "ray::(ActorWorker|RolloutWorker|RefWorker|CriticWorker)"],
-                           capture_output=True, text=True).stdout.strip()
+    alive = head_workers(head, r"^ray::(ActorWorker|RolloutWorker|RefWorker|CriticWorker)")
     assert not alive, f"actors left behind: {alive}"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from prefect import flow, tags
 
+from flows.credentials import export_store_credentials
 from flows.reporting import RunReport
 from flows.rl_step import rl_step
 from hybrid_core.config import RunConfig
@@ -30,6 +31,9 @@ def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
 def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> dict:
     """Train the policy on `cfg`; an existing `run_id` (or `resume`) continues that run without redoing its work."""
     run, started = run_ref(cfg, run_id or default_run_id(cfg)), time.perf_counter()
+    if cfg.store.credentials_block:
+        print(f"store credentials from Secret block {cfg.store.credentials_block!r}: "
+              f"{', '.join(export_store_credentials(cfg.store.credentials_block))}")
     if not open_run(cfg, run) and resume:
         raise ValueError(f"resume: no run to resume at {run.run_dir}; start it without --resume")
     with tags(f"run:{run.run_id}"):

@@ -256,6 +256,8 @@ class LoggerConfig(ConfigBlock):
 
 class StoreConfig(ConfigBlock):
     root: str = Field("runs", description="PROJECT: run store, a local dir or s3://bucket/prefix")
+    credentials_block: str | None = Field(None, description="PROJECT: Prefect Secret block with the object store's "
+                                          "credentials (JSON: aws_access_key_id, aws_secret_access_key, …)")
 
 
 class RunConfig(ConfigBlock):

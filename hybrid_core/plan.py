@@ -33,7 +33,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "train.colocate_all", "train.max_steps", "train.device", "train.stage_timeout_s",
     "data.prompt_dataset", "data.input_key", "data.label_key", "data.input_template", "data.apply_chat_template",
     "data.max_len", "data.max_samples",
-    "logger.logging_steps", "store.root",
+    "logger.logging_steps", "store.root", "store.credentials_block",
     # the complete algorithm set (issue #3)
     "actor.entropy_coef", "algo.advantage.gamma", "algo.advantage.lambd", "algo.advantage.is_correction_enable",
     "algo.advantage.is_correction_threshold", "algo.advantage.is_correction_type", "algo.kl.target", "algo.kl.horizon",

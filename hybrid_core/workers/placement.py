@@ -48,15 +48,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Object-store credentials travel from the driver to every worker (a cluster's workers do not share its environment).
+FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
+                 "AWS_ENDPOINT_URL")
+# Trainer-side processes use a fixed number of CPU threads, so float reductions (and the run's bytes) do not depend
+# on how many threads the OS happened to offer; vLLM's CPU build binds its own threads.
+TRAINER_THREADS = "1"
+
+
 def role_env(role: str, on_cpu: bool) -> dict[str, str]:
     """Environment of a role's process, set through Ray's runtime env."""
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
+    env |= {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     if role == "rollout":
         env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1",
                 "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     else:
         env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+                "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                "OMP_NUM_THREADS": TRAINER_THREADS, "MKL_NUM_THREADS": TRAINER_THREADS}
     if on_cpu:
         env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
     return env

@@ -48,10 +48,16 @@ def uninterrupted(tmp_path_factory, tiny_model, s3):
 
 
 def test_same_seed_gives_the_same_bytes(head, uninterrupted, tmp_path):
-    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "again", log=tmp_path / "again.log")
+    # checkpoint rotation is not part of the data: keep 2 of the 3 checkpoints (steps 2, 4, 6) this time
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "again", "--ckpt.max_num", "2",
+                      log=tmp_path / "again.log")
     assert proc.wait(timeout=900) == 0, (tmp_path / "again.log").read_text()[-3000:]
     first, second = fingerprint(uninterrupted), fingerprint(tmp_path / "again")
     assert len(first) == 6 * 4 + 1 and first == second
+    assert sorted(p.name for p in (tmp_path / "again" / "ckpt" / "_actor").glob("global_step*")) == \
+        ["global_step4", "global_step6"]
+    assert sorted(p.name for p in (uninterrupted / "ckpt" / "_actor").glob("global_step*")) == \
+        ["global_step2", "global_step4", "global_step6"]
 
 
 def test_killed_driver_resumes_from_the_checkpoint_and_replays(head, uninterrupted, tmp_path):
@@ -151,3 +157,18 @@ def test_load_enable_starts_a_new_run_from_the_newest_checkpoint(head, uninterru
     assert {k for k in new if k != "weights"} == {f"7/{s}" for s in ("rollout", "reward", "advantage", "metrics")}
     assert {k: new[k] for k in new} == {k: ext[k] for k in new}
     assert ("checkpoint", "restore") in {(e["stage"], e["event"]) for e in events(tmp_path / "loaded")}
+
+
+def test_killed_driver_between_steps_reattaches_to_the_live_workers(head, uninterrupted, tmp_path):
+    run_dir = tmp_path / "reattach"
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "reattach", log=tmp_path / "run.log")
+    wait_for_event(run_dir, 4, "metrics", "commit", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
+    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert fingerprint(run_dir) == fingerprint(uninterrupted)
+    log = events(run_dir)
+    assert not [e for e in log if e["event"] == "restore"]  # the live workers held version 4: no checkpoint load
+    assert not [e for e in log if e["event"] == "replay" and e["step"] <= 4]
+    assert "'attached': True" in (tmp_path / "resumed.log").read_text()

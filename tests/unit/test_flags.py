@@ -229,7 +229,7 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 173  # 171 fields + --actor.muon.no_nesterov + --critic.muon.no_nesterov
+    assert len(names) == 174  # 172 fields + --actor.muon.no_nesterov + --critic.muon.no_nesterov
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]
     assert {"--vllm.enable_sleep", "--critic.muon.no_nesterov", "--logger.wandb.project", "--use_ms"} <= set(names)
     assert "--config" not in names and len(set(names)) == len(names)

@@ -144,3 +144,23 @@ def test_letters_reward_counts_only_the_last_assistant_turn(letters):
     query = _query("hi", "aaa<|im_end|>\n") + "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\na"
     batch = score_samples(letters, str(LETTERS_REWARD), [query], [""], ["a"])
     assert batch.rewards == [0.0625]
+
+
+def test_errors_name_the_failing_sample():
+    from hybrid_core.rewards.reward_func import score_samples
+
+    keys = [(7, 0), (7, 1), (9, 0)]
+
+    def nan_on_second(queries, prompts, labels, **kwargs):
+        return {"rewards": [1.0, float("nan"), 0.0][:len(queries)]}
+
+    with pytest.raises(ValueError, match=r"sample #1 \(prompt_index, sample_index\) = \(7, 1\)"):
+        score_samples(nan_on_second, "nan.py", ["a", "b", "c"], ["", "", ""], ["", "", ""], keys=keys)
+
+    def raises_on_label_z(queries, prompts, labels, **kwargs):
+        if "z" in labels:
+            raise KeyError("no grader for z")
+        return {"rewards": [0.0] * len(queries)}
+
+    with pytest.raises(RuntimeError, match=r"KeyError: 'no grader for z' on sample #2 .* = \(9, 0\)"):
+        score_samples(raises_on_label_z, "z.py", ["a", "b", "c"], ["", "", ""], ["x", "y", "z"], keys=keys)

@@ -12,8 +12,8 @@ from hybrid_core.algorithms.correction import is_weights
 from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatch, actor_objective
 from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, run_updates
-from hybrid_core.engines.sequence_batch import make_sequence_batch, pad, response_logits, token_logprobs
+from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
+from hybrid_core.engines.sequence_batch import response_logits, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -39,12 +39,7 @@ class TrainSamples:
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
                          correction: ISCorrection | None):
     def build(share: MicroBatchShare):
-        idx = share.indices
-        batch = make_sequence_batch([samples.prompt_ids[i] for i in idx], [samples.response_ids[i] for i in idx],
-                                    engine.pad_id)
-        T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
-        batch = batch.to(device)
-        take = lambda rows: pad([rows[i] for i in idx], T).to(device)  # noqa: E731
+        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share.indices)
         old, adv, mask = take(samples.old_logprobs), take(samples.advantages), batch.response_mask
         ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
         weights = None

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from hybrid_core.algorithms.losses import value_loss
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, run_updates
-from hybrid_core.engines.sequence_batch import make_sequence_batch, pad
+from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
 from hybrid_core.engines.value_model import response_values
 
 
@@ -25,12 +24,8 @@ class CriticSamples:
 def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip: float | None,
                plan: BatchPlan) -> dict:
     def build(share: MicroBatchShare):
-        idx = share.indices
-        batch = make_sequence_batch([samples.prompt_ids[i] for i in idx], [samples.response_ids[i] for i in idx],
-                                    engine.pad_id)
-        T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
-        batch = batch.to(device)
-        old, returns = (pad([rows[i] for i in idx], T).to(device) for rows in (samples.old_values, samples.returns))
+        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share.indices)
+        old, returns = take(samples.old_values), take(samples.returns)
         tokens = float(batch.response_mask.sum())
 
         def loss_fn(model):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs, unpad
+from hybrid_core.engines.sequence_batch import batched_response_forward, response_logprobs
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -36,14 +36,7 @@ def load_tokenizer(model_path: str):
 
 def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, micro_batch_size: int) -> list[list[float]]:
     """Response logprobs of every sample, computed `micro_batch_size` rows at a time, as ragged lists."""
-    device = next(model.parameters()).device
-    out: list[list[float]] = []
-    with torch.no_grad():
-        for i in range(0, len(prompt_ids), micro_batch_size):
-            batch = make_sequence_batch(prompt_ids[i:i + micro_batch_size], response_ids[i:i + micro_batch_size],
-                                        pad_id).to(device)
-            out.extend(unpad(response_logprobs(model, batch).float().cpu(), batch.response_mask.cpu()))
-    return out
+    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, micro_batch_size)
 
 
 class FrozenModel:

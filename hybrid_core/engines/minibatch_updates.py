@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
+from hybrid_core.engines.sequence_batch import make_sequence_batch, pad
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
@@ -32,6 +33,15 @@ class MicroBatchShare:
     indices: list[int]
     num_tokens: float       # response tokens of the whole optimizer step (the global token mean's divisor)
     sequence_share: float   # micro-batch sequences ÷ optimizer-step sequences
+
+
+def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                        indices: list[int]):
+    """The micro-batch's padded sequences on the engine's device, and `take(rows)`: its (B, T) slice of a ragged
+    per-token column (old logprobs, advantages, values, …)."""
+    batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], engine.pad_id)
+    T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
+    return batch.to(device), lambda rows: pad([rows[i] for i in indices], T).to(device)
 
 
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)

@@ -81,3 +81,17 @@ def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
         if r:
             out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
     return out
+
+
+def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_id: int,
+                             micro_batch_size: int) -> list[list[float]]:
+    """Ragged per-sample results of `per_token_fn(model, batch) -> (B, T)` over every response, `micro_batch_size`
+    rows at a time, without gradients (response logprobs of a policy, values of a critic)."""
+    device = next(model.parameters()).device
+    out: list[list[float]] = []
+    with torch.no_grad():
+        for i in range(0, len(prompt_ids), micro_batch_size):
+            batch = make_sequence_batch(prompt_ids[i:i + micro_batch_size], response_ids[i:i + micro_batch_size],
+                                        pad_id).to(device)
+            out.extend(unpad(per_token_fn(model, batch).float().cpu(), batch.response_mask.cpu()))
+    return out

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
-from hybrid_core.engines.sequence_batch import SequenceBatch, make_sequence_batch, unpad
+from hybrid_core.engines.sequence_batch import SequenceBatch, batched_response_forward
 
 
 class ValueModel(nn.Module):
@@ -48,11 +48,4 @@ def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
 
 def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, micro_batch_size: int):
     """Ragged per-sample values of every response, `micro_batch_size` rows at a time, without gradients."""
-    device = next(model.parameters()).device
-    out: list[list[float]] = []
-    with torch.no_grad():
-        for i in range(0, len(prompt_ids), micro_batch_size):
-            batch = make_sequence_batch(prompt_ids[i:i + micro_batch_size], response_ids[i:i + micro_batch_size],
-                                        pad_id).to(device)
-            out.extend(unpad(response_values(model, batch).cpu(), batch.response_mask.cpu()))
-    return out
+    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, micro_batch_size)

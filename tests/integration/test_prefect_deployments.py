@@ -87,3 +87,30 @@ def test_cross_field_errors_fail_the_flow_run_with_the_message(server, tmp_path)
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", output).group(1)
     logs = server.cli("flow-run", "logs", flow_run_id).stdout
     assert "vllm.enable_sleep cannot be combined with train.async_enable" in logs, output + logs
+
+
+def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
+    """A run whose reward function raises fails; after the fix, `prefect flow-run retry` of the same flow run
+    completes it, and no stage committed before the failure is generated again."""
+    import time
+
+    reward = tmp_path / "flaky_reward.py"
+    good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
+    reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    raise KeyError('broken until fixed')\n")
+    cfg = short_cfg(tmp_path, reward={"remote_url": str(reward)}, train={"max_steps": 2, "stage_retries": 0})
+    failed = run_deployment(server, cfg, "retried")
+    assert failed.returncode != 0
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", failed.stdout + failed.stderr).group(1)
+    reward.write_text(good)
+    assert server.cli("flow-run", "retry", flow_run_id).returncode == 0
+    deadline, state = time.time() + 600, ""
+    while time.time() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
+        time.sleep(2)
+        state = json.loads(urllib.request.urlopen(f"{server.url}/flow_runs/{flow_run_id}", timeout=10).read())[
+            "state_type"]
+    assert state == "COMPLETED"
+    events = [json.loads(line) for line in (tmp_path / "retried" / "events.jsonl").read_text().splitlines()]
+    starts = [(e["step"], e["stage"]) for e in events if e["event"] == "start"]
+    assert starts.count((1, "rollout")) == 1  # committed before the failure: replayed, not generated again
+    assert (1, "rollout", "replay") in {(e["step"], e["stage"], e["event"]) for e in events}
+    assert (tmp_path / "retried" / "steps" / "2" / "metrics" / "_SUCCESS").is_file()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,9 @@ READY_TIMEOUT_S = 900
 
 
 def extensions_dir() -> str:
-    """DeepSpeed's JIT cache: one folder the project owns, so stale build locks can be found and cleared."""
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache" / "hybrid-engine" / "torch_extensions")
+    """DeepSpeed's JIT cache: a folder the project owns (stale build locks can be found and cleared), one per Python
+    environment, because ops built against one torch must not be rebuilt in turn by another venv's builds."""
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path(sys.prefix) / ".cache" / "torch_extensions")
 
 
 def connect(num_cpus: int | None = None, num_gpus: int | None = None) -> None:

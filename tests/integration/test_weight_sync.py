@@ -25,9 +25,11 @@ def sync_run(request, tmp_path_factory, tiny_model, ray_session):
     cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file),
                        "--ds.zero_stage", str(request.param), "--vllm.sync_bucket_mb", "1")
     run = RunRef(f"sync-test-zero{request.param}", cfg.store.root)
-    launch.start_workers(cfg, run)
-    yield run
-    launch.stop_workers(run)
+    try:
+        launch.start_workers(cfg, run)
+        yield run
+    finally:
+        launch.stop_workers(run)
 
 
 def test_sync_makes_vllm_match_the_trainer(sync_run, ray_session):

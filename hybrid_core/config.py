@@ -110,6 +110,8 @@ class VllmConfig(ConfigBlock):
     gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="vLLM share of GPU memory")
     sync_bucket_mb: int = Field(256, gt=0, description="PROJECT: weight-sync bucket size in MiB")
     sleep_level: Literal[1, 2] = Field(1, description="PROJECT: vLLM sleep level (2 also drops weights)")
+    max_num_seqs: int | None = Field(None, gt=0, description="PROJECT: sequences decoded at once (None: vLLM's "
+                                     "default, 1024 on H100/H200-class GPUs)")
 
 
 class LoraConfig(ConfigBlock):
@@ -131,7 +133,8 @@ class DsConfig(ConfigBlock):
     tensor_parallel_size: int = Field(1, gt=0, description="DeepSpeed AutoTP degree")
     ring_attn_size: int = Field(1, gt=0, description="ring attention group size")
     ring_attn_head_stride: int = Field(1, gt=0, description="ring attention head stride")
-    packing_samples: bool = Field(False, description="pack samples without padding")
+    packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row "
+                                  "(attention: flex_attention on CUDA, sdpa on CPU)")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")
@@ -174,7 +177,8 @@ class RolloutConfig(ConfigBlock):
     micro_batch_size: int = Field(1, gt=0, description="experience forward micro-batch")
     vllm_generate_batch_size: int | None = Field(None, gt=0, description="prompts per generate call")
     max_new_tokens: int | None = Field(None, gt=0, description="max response tokens (None: max_len - prompt)")
-    max_tokens_per_gpu: int | None = Field(None, gt=0, description="dynamic-batch token budget (forward)")
+    max_tokens_per_gpu: int | None = Field(None, gt=0, description="dynamic-batch token budget of the logprob/value "
+                                           "forwards (None: train.max_tokens_per_gpu)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
 
@@ -186,8 +190,9 @@ class TrainConfig(ConfigBlock):
     num_episodes: int = Field(1, gt=0, description="passes over the prompts")
     seed: int = Field(42, description="random seed")
     full_determinism_enable: bool = Field(False, description="deterministic kernels")
-    dynamic_batch_enable: bool = Field(False, description="token-balanced micro-batches")
-    max_tokens_per_gpu: int = Field(16192, gt=0, description="dynamic-batch token budget (train)")
+    dynamic_batch_enable: bool = Field(False, description="micro-batches cut by token budget, not micro_batch_size")
+    max_tokens_per_gpu: int = Field(16192, gt=0, description="dynamic-batch token budget of a train micro-batch "
+                                    "(prompt+response; a longer sample trains alone)")
     colocate_all: bool = Field(False, description="all roles and vLLM share the actor's GPUs")
     colocate_actor_ref: bool = Field(False, description="actor and ref share GPUs")
     colocate_critic_reward: bool = Field(False, description="critic and reward model share GPUs")

@@ -24,6 +24,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "reward.remote_url", "reward.clip_range", "reward.timeout_s", "reward.max_retries",
     "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.enable_sleep", "vllm.sleep_level",
     "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_bucket_mb",
+    "vllm.max_num_seqs",
     "ds.zero_stage", "ds.param_dtype", "ds.enable_sleep",
     "algo.advantage.estimator", "algo.advantage.no_std_norm", "algo.kl.init_coef", "algo.kl.estimator",
     "algo.kl.use_loss",

@@ -76,6 +76,7 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
         "rollout/tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
     }
     named = {ACTOR_STATS[k]: v for k, v in train_stats.items() if k in ACTOR_STATS}
+    named |= {k: float(v) for k, v in train_stats.items() if k.startswith("timing_s/")}  # sleep/wake inside stages
     timing = {f"timing_s/{stage}": float(s) for stage, s in timings.items()}
     return metrics | named | dict(extra or {}) | timing
 

@@ -15,7 +15,9 @@ from typing import Callable
 import torch
 
 from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConfig
-from hybrid_core.engines.frozen_model import batched_logprobs, device_name, load_causal_lm
+from hybrid_core.engines.frozen_model import attn_implementation_for, batched_logprobs, device_name, load_causal_lm
+from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.host_offload import OptimizerStateMover, PinnedHostBuffer, state_bytes_per_param
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600
@@ -57,19 +59,36 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
 
 
 def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
-    """The trainable policy, with activation checkpointing when asked."""
-    model = load_causal_lm(model_path, ds.param_dtype)
+    """The trainable policy, with activation checkpointing when asked and the attention kernel of its layout."""
+    model = load_causal_lm(model_path, ds.param_dtype, attn_implementation_for(ds.packing_samples))
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
     return model
 
 
+def count_parameters(model_path: str) -> int:
+    """Parameters of a local HF model, counted on the meta device (nothing is loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    return sum(p.numel() for p in model.parameters())
+
+
+def start_sleep_buffer(model_path: str, ds: DsConfig) -> PinnedHostBuffer | None:
+    """With --ds.enable_sleep on a GPU, start allocating the pinned host buffer now, while the model loads."""
+    if not (ds.enable_sleep and device_name() == "cuda"):
+        return None
+    slack = 64 * 2**20  # alignment of each state, padded partitions, a value head
+    return PinnedHostBuffer(count_parameters(model_path) * state_bytes_per_param(ds.param_dtype) + slack)
+
+
 class DeepSpeedTrainEngine:
     """One DeepSpeed rank holding a trainable model (the policy, or the critic's value model)."""
 
     def __init__(self, model: torch.nn.Module, optim: OptimizerFields, ds: DsConfig, train: TrainConfig,
-                 total_optimizer_steps: int, pad_id: int):
+                 total_optimizer_steps: int, pad_id: int, sleep_buffer: PinnedHostBuffer | None = None):
         import deepspeed
 
         if train.batch_size % train.micro_batch_size:
@@ -83,14 +102,26 @@ class DeepSpeedTrainEngine:
         self.is_zero3, self.can_sleep = ds.zero_stage == 3, ds.enable_sleep and device_name() == "cuda"
         if ds.enable_sleep and not self.can_sleep:
             log.info("ds.enable_sleep: training on CPU keeps every state in host memory already")
+        self.state_mover = self._state_mover(sleep_buffer)
+
+    def _state_mover(self, sleep_buffer: PinnedHostBuffer | None) -> OptimizerStateMover | None:
+        """Our pinned-buffer mover for ZeRO-1/2; other stages use DeepSpeed's `offload_states`."""
+        if not self.can_sleep:
+            return None
+        optimizer = self.engine.optimizer
+        if sleep_buffer is None or not hasattr(optimizer, "single_partition_of_fp32_groups"):
+            log.warning("ds.enable_sleep: ZeRO stage %s uses DeepSpeed's offload_states (pinned memory is allocated "
+                        "on its first call)", self.engine.zero_optimization_stage())
+            return None
+        return OptimizerStateMover(optimizer, sleep_buffer)
 
     @property
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
-    def logprobs(self, prompt_ids, response_ids, micro_batch_size: int) -> list[list[float]]:
+    def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         self.engine.eval()
-        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, micro_batch_size)
+        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, batching)
 
     def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]],
                           is_boundary: bool) -> dict:
@@ -110,14 +141,21 @@ class DeepSpeedTrainEngine:
             stats["lr"] = float(self.engine.get_lr()[0])
         return stats
 
-    def sleep(self) -> None:
-        """Optimizer states, grads and fp32 masters to host; the bf16 weights stay for logprob forwards."""
+    def sleep(self) -> int:
+        """Optimizer states, grads and fp32 masters to host; the bf16 weights stay for logprob forwards.
+        Returns the bytes moved (0 when nothing moved or DeepSpeed's own path did)."""
+        if self.state_mover is not None:
+            return self.state_mover.sleep()
         if self.can_sleep:
             self.engine.offload_states()
+        return 0
 
-    def wake_up(self) -> None:
-        if self.can_sleep:
+    def wake_up(self) -> int:
+        if self.state_mover is not None:
+            return self.state_mover.wake_up()
+        if self.can_sleep and getattr(self.engine.optimizer, "offloaded_states", True):
             self.engine.reload_states()
+        return 0
 
     def save_hf(self, out_dir: str, tokenizer=None) -> None:
         """Write HF weights (gathered under ZeRO-3) to `out_dir`."""

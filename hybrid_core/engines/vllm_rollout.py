@@ -29,6 +29,7 @@ class SamplingSettings:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    ignore_eos: bool = False  # benchmarks: every sample runs to max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     max_model_len: int = 2048
     seed: int = 0
+    max_num_seqs: int | None = None  # None: vLLM's default for the device
 
 
 def _check_version(platform: str) -> None:
@@ -71,6 +73,14 @@ def _load_cuda(worker, named):
     worker.get_model().load_weights(iter((n, t.to(device, non_blocking=True)) for n, t in named))
 
 
+def _load_shared(worker, shared):
+    """Open a CUDA IPC bucket in the worker's process (cached across syncs) and load its tensors in place."""
+    from hybrid_core.engines.weight_sync import open_shared_bucket, unflatten
+
+    worker.get_model().load_weights(iter(unflatten(open_shared_bucket(shared))))
+    torch.cuda.synchronize()  # the sender reuses the bucket's memory once this call returns
+
+
 class VllmRolloutEngine:
     """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
 
@@ -85,11 +95,15 @@ class VllmRolloutEngine:
         if settings.enable_sleep and not self.can_sleep:
             log.warning("vllm.enable_sleep: this vLLM build has no sleep mode (%s); sleep/wake keep state only",
                         self.platform)
+        extra = {"max_num_seqs": settings.max_num_seqs} if settings.max_num_seqs else {}
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,
-                       tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len)
+                       tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
+                       **extra)
+        self.tokenizer = self.llm.get_tokenizer()
         self.awake = {"weights", "kv_cache"}
+        self.weights_discarded = False  # level-2 sleep dropped them: a full weight update must come before generation
         self._pending: list[tuple[str, torch.Tensor]] = []
 
     def generate(self, prompt_ids: Sequence[list[int]], sampling: SamplingSettings,
@@ -97,27 +111,37 @@ class VllmRolloutEngine:
         """n completions per prompt; `seeds[i]` makes prompt i's samples reproducible."""
         from vllm import SamplingParams
 
-        if self.awake != {"weights", "kv_cache"}:
-            raise EngineAsleepError(f"rollout engine is asleep ({sorted(self.awake)} awake); wake it up first")
+        self._check_generation_ready()
+        # Text is decoded once at the end (batch_decode) rather than incrementally by vLLM at every decode step.
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                 top_p=sampling.top_p, logprobs=0, seed=s) for s in seeds]
+                                 top_p=sampling.top_p, logprobs=0, seed=s, detokenize=False,
+                                 ignore_eos=sampling.ignore_eos) for s in seeds]
         # long stages show vLLM's progress bar (samples done / total, tokens per second) in the terminal
         show_progress = len(prompt_ids) * sampling.n >= PROGRESS_MIN_SAMPLES
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
                                     use_tqdm=show_progress)
-        return [[self._completion(c) for c in out.outputs] for out in outputs]
+        flat = [c for out in outputs for c in out.outputs]
+        texts = iter(self.tokenizer.batch_decode([list(c.token_ids) for c in flat], skip_special_tokens=True))
+        return [[self._completion(c, next(texts)) for c in out.outputs] for out in outputs]
+
+    def _check_generation_ready(self) -> None:
+        if self.awake != {"weights", "kv_cache"}:
+            raise EngineAsleepError(f"rollout engine is asleep ({sorted(self.awake)} awake); wake it up first")
+        if self.weights_discarded:
+            raise EngineAsleepError("vllm.sleep_level 2 discarded the weights: load a full weight update first")
 
     @staticmethod
-    def _completion(c) -> Completion:
+    def _completion(c, text: str) -> Completion:
         logprobs = [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)]
         reason = "length" if c.finish_reason == "length" else "stop"
-        return Completion(list(c.token_ids), logprobs, reason, c.text)
+        return Completion(list(c.token_ids), logprobs, reason, text)
 
     def score(self, prompt_ids: Sequence[list[int]], response_ids: Sequence[list[int]]) -> list[list[float]]:
         """The engine's logprobs of given responses (prompt logprobs of prompt+response), for sync checks."""
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        self._check_generation_ready()
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         rows = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
         outs = self.llm.generate(rows, params, use_tqdm=False)
         result = []
@@ -126,13 +150,18 @@ class VllmRolloutEngine:
             result.append([step[tok].logprob for step, tok in zip(steps, r)])
         return result
 
-    def sleep(self) -> None:
-        """Free the KV cache (level 1 also offloads weights to host; level 2 discards them)."""
-        if self.can_sleep:
-            self.llm.sleep(level=self.settings.sleep_level)
+    def sleep(self, level: int | None = None) -> None:
+        """Free the KV cache; level 1 moves the weights to host memory, level 2 discards them (default: the
+        configured `vllm.sleep_level`)."""
+        level = level or self.settings.sleep_level
+        if self.can_sleep and self.awake:
+            self.llm.sleep(level=level)
+            self.weights_discarded = self.weights_discarded or (level == 2 and "weights" in self.awake)
         self.awake = set()
 
     def wake_up(self, tags: Iterable[str] = ("weights", "kv_cache")) -> None:
+        """Reallocate (and, after level 1, restore) what `tags` name; waking only the weights before a sync keeps
+        the KV cache's memory free while the new weights arrive."""
         tags = [t for t in tags if t not in self.awake]
         if self.can_sleep and tags:
             self.llm.wake_up(tags=list(tags))
@@ -151,9 +180,19 @@ class VllmRolloutEngine:
         else:
             self.llm.collective_rpc(_load_cuda, args=(named_tensors,))
 
-    def finish_weight_update(self) -> None:
-        """Apply buffered CPU weights; cached prefixes were computed with the old weights."""
+    def load_shared_bucket(self, shared) -> None:
+        """Load a bucket another process shares through CUDA IPC (`weight_sync.SharedBucket`), without a copy."""
+        if "weights" not in self.awake:
+            raise EngineAsleepError("wake_up(['weights']) before loading weights")
+        self.llm.collective_rpc(_load_shared, args=(shared,))
+
+    def finish_weight_update(self, full: bool = True) -> None:
+        """Apply buffered CPU weights; cached prefixes were computed with the old weights, so they are dropped
+        (a sleeping KV cache was already cleared by the sleep). `full`: the update covered every weight."""
         if self._pending:
             self.llm.collective_rpc(_reload_cpu, args=(self._pending,))
             self._pending = []
-        self.llm.reset_prefix_cache()
+        if full:
+            self.weights_discarded = False
+        if "kv_cache" in self.awake:
+            self.llm.reset_prefix_cache()

@@ -1,12 +1,15 @@
 """Bucketed weight transfer: flatten named parameters into contiguous buckets of ≤ `bucket_bytes`, and back.
 
-Owns the bucket format (one dtype per bucket; metadata = name, shape, offset) and the ZeRO-3 gather of a bucket's
-parameters. Sending a bucket (Ray object store on CPU, CUDA IPC on one GPU, a process group in distributed mode)
-is the caller's business; per-parameter transfer is the known anti-pattern and exists only as a benchmark baseline.
+Owns the bucket format (one dtype per bucket; metadata = name, shape, offset), the ZeRO-3 gather of a bucket's
+parameters, the persistent GPU buffers buckets are packed into, and the CUDA IPC form of a bucket (`SharedBucket`:
+a handle another process on the same GPU opens without a copy; opened handles are cached, so a sync reopens
+nothing). Calling the receiver (Ray, an engine RPC) is the caller's business; per-parameter transfer is the known
+anti-pattern and exists only as a benchmark baseline.
 """
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -52,8 +55,35 @@ def _gathered(params: list, is_zero3: bool):
     return deepspeed.zero.GatheredParameters(params)
 
 
-def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = False) -> Iterator[Bucket]:
-    """Yield the module's parameters as flat buckets (copies), gathering ZeRO-3 shards one bucket at a time."""
+class BucketBuffers:
+    """Persistent byte buffers on the parameters' device that buckets are packed into, used in turn.
+
+    Reusing the same memory every sync lets a receiving process keep the buffers' IPC handles open; a bucket must
+    be released by its receiver before its buffer comes round again (the caller waits for that)."""
+
+    def __init__(self, num_bytes: int, device: torch.device, count: int = 2):
+        self.buffers = [torch.empty(num_bytes, dtype=torch.uint8, device=device) for _ in range(count)]
+        self.next = 0
+
+    def take(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        buffer = self.buffers[self.next]
+        self.next = (self.next + 1) % len(self.buffers)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if numel * itemsize > buffer.numel():
+            raise ValueError(f"a bucket of {numel * itemsize} bytes does not fit its {buffer.numel()}-byte buffer")
+        return buffer[:numel * itemsize].view(dtype)
+
+
+def largest_bucket_bytes(module: torch.nn.Module, bucket_bytes: int) -> int:
+    """Bytes of the largest bucket `iter_buckets` will make (one parameter can exceed the budget on its own)."""
+    sizes = [(p.ds_numel if hasattr(p, "ds_numel") else p.numel()) * p.element_size() for p in module.parameters()]
+    return max([bucket_bytes, *sizes])
+
+
+def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = False,
+                 buffers: BucketBuffers | None = None) -> Iterator[Bucket]:
+    """Yield the module's parameters as flat buckets, gathering ZeRO-3 shards one bucket at a time; packed into
+    `buffers` when given (else freshly allocated copies)."""
     if bucket_bytes <= 0:
         raise ValueError(f"vllm.sync_bucket_mb must be positive: got {bucket_bytes} bytes")
     named = list(module.named_parameters())
@@ -64,7 +94,8 @@ def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = Fa
                 entries.append(BucketEntry(name, tuple(p.shape), offset))
                 chunks.append(p.detach().reshape(-1))
                 offset += p.numel()
-            yield Bucket(tuple(entries), torch.cat(chunks))
+            out = buffers.take(offset, chunks[0].dtype) if buffers is not None else None
+            yield Bucket(tuple(entries), torch.cat(chunks, out=out) if out is not None else torch.cat(chunks))
 
 
 def unflatten(bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
@@ -76,3 +107,41 @@ def unflatten(bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
             numel *= d
         out.append((e.name, bucket.flat[e.offset:e.offset + numel].view(e.shape)))
     return out
+
+
+@dataclass(frozen=True)
+class SharedBucket:
+    """A bucket in GPU memory, passed to another process on the same GPU as a CUDA IPC handle."""
+
+    entries: tuple[BucketEntry, ...]
+    handle: tuple  # torch.multiprocessing.reductions.reduce_tensor(flat): (rebuild function, its arguments)
+    num_bytes: int
+
+
+def share_bucket(bucket: Bucket) -> SharedBucket:
+    """The IPC form of a GPU bucket; the memory must stay untouched until the receiver has loaded it."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    if not bucket.flat.is_cuda:
+        raise ValueError("only GPU buckets can be shared through CUDA IPC; send CPU buckets by value")
+    return SharedBucket(bucket.entries, reduce_tensor(bucket.flat), bucket.num_bytes)
+
+
+_OPENED: OrderedDict = OrderedDict()  # receiver side: (IPC handle, offset) → tensor, kept so the mapping stays open
+MAX_OPENED = 8
+
+
+def open_shared_bucket(shared: SharedBucket) -> Bucket:
+    """Map a shared bucket in this process on the current device (no copy); mappings are cached by handle."""
+    rebuild, args = shared.handle
+    args = list(args)
+    args[6] = torch.cuda.current_device()  # the sender's device index means this process's current device
+    key = (args[7], args[9], args[3], tuple(args[1]), args[5])  # handle, storage/tensor offsets, shape, dtype
+    flat = _OPENED.get(key)
+    if flat is None:
+        flat = rebuild(*args)
+        _OPENED[key] = flat
+        while len(_OPENED) > MAX_OPENED:
+            _OPENED.popitem(last=False)
+    _OPENED.move_to_end(key)
+    return Bucket(shared.entries, flat)

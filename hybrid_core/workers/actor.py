@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import ray
+import torch
 
 from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
 from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
@@ -20,11 +22,13 @@ from hybrid_core.data.stage_tables import metrics_table, step_metrics
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import (export_hf, load_checkpoint, remove_checkpoints, rng_state,
                                            save_checkpoint, set_rng_state)
-from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, load_policy
+from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
+                                                 start_sleep_buffer)
 from hybrid_core.engines.experience_maker import ExperienceSources, experience_stats, make_advantage_table
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.minibatch_updates import BatchPlan
-from hybrid_core.engines.weight_sync import iter_buckets
+from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
 from hybrid_core.types import RunRef, StageResult
 
 
@@ -39,7 +43,8 @@ class ActorWorkerArgs:
     penalties: PenaltySettings
     loss: ActorLossSettings
     correction: ISCorrection | None
-    experience_micro_batch_size: int
+    experience_batching: MicroBatching  # the advantage stage's no-grad forwards
+    train_batching: MicroBatching       # the policy update's micro-batches
     total_optimizer_steps: int
     sync_bucket_bytes: int
     roles: tuple[str, ...]
@@ -63,12 +68,15 @@ class ActorWorker:
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
         self.tokenizer = load_tokenizer(args.model_path)
+        sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
         self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
-                                           args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id)
+                                           args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id,
+                                           sleep_buffer)
         self.engine.sleep()
         self.kl_controller = make_kl_controller(args.kl)
         self.sinks = MetricSinks(args.sinks)
         self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
+        self.bucket_buffers: BucketBuffers | None = None  # GPU: persistent, so the rollout side keeps them mapped
 
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}
@@ -85,7 +93,7 @@ class ActorWorker:
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         table, stats = make_advantage_table(self.engine, self.store.read(step, "rollout"),
                                             self.store.read(step, "reward"), self._sources(), settings,
-                                            self.args.penalties, self.args.experience_micro_batch_size)
+                                            self.args.penalties, self.args.experience_batching)
         path = self.store.commit(step, "advantage", table, step - 1)
         self.step_stats[step] = stats | {"kl_coef": self.kl_controller.coef, "num_samples": table.num_rows}
         return StageResult("advantage", step, time.perf_counter() - start, table.num_rows, path, metrics=stats)
@@ -107,10 +115,14 @@ class ActorWorker:
         start = time.perf_counter()
         stats = {"actor_frozen": 1.0}
         if step > self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
+            wake_start = time.perf_counter()
             self.engine.wake_up()
+            wake_s = time.perf_counter() - wake_start
             loss = dataclasses.replace(self.args.loss, kl_coef=self.kl_controller.coef)
             stats = fit_actor(self.engine, self._train_samples(step), loss, self._batch_plan(step), self.args.correction)
+            sleep_start = time.perf_counter()
             self.engine.sleep()
+            stats |= {"timing_s/ds_wake": wake_s, "timing_s/ds_sleep": time.perf_counter() - sleep_start}
         experience = self.step_stats.get(step, {})
         self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
         self.step_stats[step], self.trained_step = experience | stats, step
@@ -125,7 +137,7 @@ class ActorWorker:
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train
-        return BatchPlan(t.batch_size, t.micro_batch_size, t.max_epochs, seed=t.seed * 100003 + step)
+        return BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, seed=t.seed * 100003 + step)
 
     def sync(self, step: int) -> StageResult:
         """Push the trained weights to the rollout engine bucket by bucket; the engines then hold version `step`."""
@@ -135,12 +147,31 @@ class ActorWorker:
         start = time.perf_counter()
         rollout = ray.get_actor(self.run.actor_name("rollout"), namespace=self.run.namespace)
         ray.get(rollout.begin_weight_update.remote(), timeout=self.run.stage_timeout_s)
-        sent = sum(ray.get(rollout.load_bucket.remote(b), timeout=self.run.stage_timeout_s)
-                   for b in iter_buckets(self.engine.module, self.args.sync_bucket_bytes, self.engine.is_zero3))
+        sent = self._send_buckets(rollout)
         self.policy_version = ray.get(rollout.end_weight_update.remote(step), timeout=self.run.stage_timeout_s)
         self.store.update_manifest(step, "sync", {"policy_version": step})
         self.store.log_event(step, "sync", "commit")
         return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
+
+    def _send_buckets(self, rollout) -> int:
+        """CPU: buckets by value through Ray. GPU: buckets packed into persistent buffers and passed as CUDA IPC
+        handles, the next bucket packed while the rollout engine loads the previous one. Returns the bytes sent."""
+        module, budget, timeout = self.engine.module, self.args.sync_bucket_bytes, self.run.stage_timeout_s
+        device = next(module.parameters()).device
+        if device.type != "cuda":
+            return sum(ray.get(rollout.load_bucket.remote(b), timeout=timeout)
+                       for b in iter_buckets(module, budget, self.engine.is_zero3))
+        if self.bucket_buffers is None:
+            self.bucket_buffers = BucketBuffers(largest_bucket_bytes(module, budget), device)
+        buckets, pending, sent = iter_buckets(module, budget, self.engine.is_zero3, self.bucket_buffers), deque(), 0
+        while True:
+            while len(pending) >= len(self.bucket_buffers.buffers):  # the next buffer is free once its load returned
+                sent += ray.get(pending.popleft(), timeout=timeout)
+            bucket = next(buckets, None)
+            if bucket is None:
+                return sent + sum(ray.get(list(pending), timeout=timeout))
+            torch.cuda.synchronize()  # the packed bytes are in memory before another process reads them
+            pending.append(rollout.load_shared_bucket.remote(share_bucket(bucket)))
 
     def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""
@@ -186,7 +217,7 @@ class ActorWorker:
         self.sinks.close()
 
     def logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
-        return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_micro_batch_size)
+        return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_batching)
 
     def save_model(self, out_uri: str) -> str:
         return export_hf(self.engine, out_uri, self.tokenizer)

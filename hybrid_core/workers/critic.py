@@ -11,9 +11,11 @@ from hybrid_core.config import CriticConfig, DsConfig, TrainConfig
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.checkpoint import load_checkpoint, save_checkpoint
 from hybrid_core.engines.critic_trainer import CriticSamples, fit_critic
-from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks
+from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, start_sleep_buffer
 from hybrid_core.engines.frozen_model import load_tokenizer
+from hybrid_core.engines.frozen_model import attn_implementation_for
 from hybrid_core.engines.minibatch_updates import BatchPlan
+from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.value_model import batched_values, load_value_model
 from hybrid_core.types import RunRef, StageResult
 
@@ -24,7 +26,8 @@ class CriticWorkerArgs:
     critic: CriticConfig
     ds: DsConfig
     train: TrainConfig
-    micro_batch_size: int
+    forward_batching: MicroBatching  # the advantage stage's no-grad value forwards
+    train_batching: MicroBatching    # the critic update's micro-batches
     total_optimizer_steps: int
     extensions_dir: str
     ckpt_root: str
@@ -35,8 +38,11 @@ class CriticWorker:
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
         pad_id = load_tokenizer(args.model_path).pad_token_id
-        model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix)
-        self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id)
+        sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
+        model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
+                                 attn_implementation_for(args.ds.packing_samples))
+        self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id,
+                                           sleep_buffer)
         self.engine.sleep()
         self.trained_step, self.last_metrics = 0, {}
 
@@ -54,7 +60,7 @@ class CriticWorker:
     def values(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         self.engine.engine.eval()
         return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
-                              self.args.micro_batch_size)
+                              self.args.forward_batching)
 
     def train(self, step: int) -> StageResult:
         if self.trained_step >= step:  # a re-attached critic that already trained this step
@@ -66,7 +72,7 @@ class CriticWorker:
         t = self.args.train
         self.engine.wake_up()
         stats = fit_critic(self.engine, samples, self.args.critic.value_clip,
-                           BatchPlan(t.batch_size, t.micro_batch_size, t.max_epochs, t.seed * 100019 + step))
+                           BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, t.seed * 100019 + step))
         self.engine.sleep()
         self.trained_step = step
         self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}

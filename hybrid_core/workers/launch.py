@@ -14,6 +14,7 @@ from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.checkpoint import newest_checkpoint
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
+from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.types import RunRef
 from hybrid_core.workers import placement
@@ -31,7 +32,7 @@ def rollout_args(cfg: RunConfig) -> RolloutWorkerArgs:
     v, r, d = cfg.vllm, cfg.rollout, cfg.data
     engine = EngineSettings(cfg.actor.model_name_or_path, cfg.ds.param_dtype, v.gpu_memory_utilization,
                             v.enforce_eager, v.enable_prefix_caching, v.enable_sleep, v.sleep_level,
-                            v.tensor_parallel_size, d.max_len, cfg.train.seed)
+                            v.tensor_parallel_size, d.max_len, cfg.train.seed, max_num_seqs=v.max_num_seqs)
     prompts = PromptSource(d.prompt_dataset, d.input_key, d.label_key, d.max_samples, r.batch_size,
                            cfg.train.num_episodes, cfg.train.max_steps)
     group_filter = GroupFilter(*cfg.algo.dynamic_filtering_range) if cfg.algo.dynamic_filtering_enable else None
@@ -39,6 +40,21 @@ def rollout_args(cfg: RunConfig) -> RolloutWorkerArgs:
                              SamplingSettings(r.n_samples_per_prompt, max_new_tokens(cfg), r.temperature, r.top_p),
                              cfg.reward.remote_url, cfg.train.seed, group_filter, cfg.reward.timeout_s,
                              cfg.reward.max_retries)
+
+
+def train_batching(cfg: RunConfig) -> MicroBatching:
+    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens."""
+    t = cfg.train
+    return MicroBatching(t.micro_batch_size, t.max_tokens_per_gpu if t.dynamic_batch_enable else None,
+                         cfg.ds.packing_samples)
+
+
+def forward_batching(cfg: RunConfig) -> MicroBatching:
+    """Micro-batches of the no-grad logprob/value forwards: `rollout.micro_batch_size` samples, or with dynamic
+    batching `rollout.max_tokens_per_gpu` tokens (the train budget when unset)."""
+    budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
+    return MicroBatching(cfg.rollout.micro_batch_size, budget if cfg.train.dynamic_batch_enable else None,
+                         cfg.ds.packing_samples)
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
@@ -76,7 +92,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
     correction = ISCorrection(adv.is_correction_type, *adv.is_correction_threshold) \
         if adv.is_correction_enable else None
     return ActorWorkerArgs(a.model_name_or_path, a, cfg.ds, cfg.train, kl, advantage, penalties, loss, correction,
-                           cfg.rollout.micro_batch_size, total_optimizer_steps(cfg, num_steps),
+                           forward_batching(cfg), train_batching(cfg), total_optimizer_steps(cfg, num_steps),
                            cfg.vllm.sync_bucket_mb * 2**20, cfg.roles, cfg.critic.freezing_steps,
                            placement.extensions_dir(), sink_settings(cfg, run), ckpt_root(cfg, run),
                            cfg.ckpt.save_hf, cfg.ckpt.max_num)
@@ -84,7 +100,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs:
     path = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path or cfg.actor.model_name_or_path
-    return CriticWorkerArgs(path, cfg.critic, cfg.ds, cfg.train, cfg.rollout.micro_batch_size,
+    return CriticWorkerArgs(path, cfg.critic, cfg.ds, cfg.train, forward_batching(cfg), train_batching(cfg),
                             total_optimizer_steps(cfg, num_steps), placement.extensions_dir(), ckpt_root(cfg, run))
 
 
@@ -103,7 +119,7 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     waits = [pg.spawn(ActorWorker, "actor", slot, run, actor_args(cfg, num_steps, run)).ready.remote()]
     if cfg.uses_ref:
         ref = pg.spawn(RefWorker, "ref", slot, cfg.actor.model_name_or_path, cfg.ds.param_dtype,
-                       cfg.rollout.micro_batch_size)
+                       forward_batching(cfg))
         waits.append(ref.ready.remote())
     if cfg.uses_critic:
         waits.append(pg.spawn(CriticWorker, "critic", slot, run, critic_args(cfg, num_steps, run)).ready.remote())

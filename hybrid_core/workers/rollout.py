@@ -13,7 +13,7 @@ from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
-from hybrid_core.engines.weight_sync import Bucket, unflatten
+from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
 from hybrid_core.rewards.remote_http import remote_reward_func
 from hybrid_core.rewards.reward_func import load_reward_func
 from hybrid_core.types import RunRef, StageResult
@@ -55,8 +55,8 @@ class RolloutWorker:
             if args.reward_path.startswith(("http://", "https://")) else load_reward_func(args.reward_path)
         self.engine = VllmRolloutEngine(args.engine)
         self.policy_version = 0
-        if args.engine.enable_sleep:
-            self.engine.sleep()
+        if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
+            self.engine.sleep(level=1)
 
     def info(self) -> dict:
         return {"num_steps": self.sampler.num_steps, "policy_version": self.policy_version}
@@ -71,10 +71,14 @@ class RolloutWorker:
         self.store.clean_leftovers(step)
         self.store.log_event(step, "rollout", "start")
         start = time.perf_counter()
+        wake_start = time.perf_counter()
         self.engine.wake_up(["weights", "kv_cache"])
+        wake_s = time.perf_counter() - wake_start
         table, metrics = self._generate(step)
+        sleep_start = time.perf_counter()
         if self.args.engine.enable_sleep:
             self.engine.sleep()
+        metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/vllm_sleep": time.perf_counter() - sleep_start}
         path = self.store.commit(step, "rollout", table, self.policy_version)
         metrics["tokens"] = sum(len(r) for r in table.column("response_ids").to_pylist())
         return StageResult("rollout", step, time.perf_counter() - start, table.num_rows, path, metrics=metrics)
@@ -114,6 +118,11 @@ class RolloutWorker:
     def load_bucket(self, bucket: Bucket) -> int:
         self.engine.load_weights(unflatten(bucket))
         return bucket.num_bytes
+
+    def load_shared_bucket(self, shared: SharedBucket) -> int:
+        """A bucket the actor shares through CUDA IPC (same GPU, another process): loaded without a copy."""
+        self.engine.load_shared_bucket(shared)
+        return shared.num_bytes
 
     def end_weight_update(self, policy_version: int) -> int:
         self.engine.finish_weight_update()

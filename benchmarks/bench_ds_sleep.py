@@ -1,0 +1,92 @@
+"""DeepSpeed sleep/wake on the GPU: the project's pinned-buffer mover vs DeepSpeed's own offload_states.
+
+Both move the same states (fp32 master partitions + Adam moments) of a ZeRO-2 bf16 engine after one training step;
+bytes moved ÷ 1e9 ÷ seconds per call, the slowest of the first 4 calls of a run. The pinned buffer is allocated at
+engine start in a background thread (overlapped with model loading) and timed separately.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+CALLS = 4
+
+
+def _trainer(model_dir: Path):
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
+    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
+
+    actor = ActorConfig(model_name_or_path=str(model_dir), lr_scheduler="constant", adam={"lr": 1e-6})
+    ds = DsConfig(zero_stage=2, param_dtype="bf16", enable_sleep=True)
+    train = TrainConfig(batch_size=1, micro_batch_size=1, device="cuda")
+    start = time.perf_counter()
+    buffer = start_sleep_buffer(str(model_dir), ds)
+    trainer = DeepSpeedTrainEngine(load_policy(str(model_dir), actor, ds), actor, ds, train, 10, 0, buffer)
+    return trainer, buffer, time.perf_counter() - start
+
+
+def _one_step(trainer) -> None:
+    import torch
+
+    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+
+    generator = torch.Generator().manual_seed(0)
+    prompt, response = torch.randint(3, 100, (64,), generator=generator).tolist(), \
+        torch.randint(3, 100, (512,), generator=generator).tolist()
+
+    def loss_fn(model):
+        batch = make_sequence_batch([prompt], [response], 0).to("cuda")
+        return -(response_logprobs(model, batch).sum() / batch.response_mask.sum()), {}
+    trainer.train_micro_batch(loss_fn, is_boundary=True)
+
+
+def _timed(fn) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bench_ds_sleep(results, model_dir: Path) -> None:
+    import torch
+
+    trainer, buffer, start_s = _trainer(model_dir)
+    results.figure("ds_engine_start_s", start_s, note="model load + DeepSpeed init, pinned allocation running beside")
+    _one_step(trainer)  # Adam creates its moments at the first step
+    sleeps, wakes, moved = [], [], 0
+    for _ in range(CALLS):
+        sleeps.append(_timed(lambda: trainer.sleep()))
+        moved = trainer.state_mover.last_bytes
+        wakes.append(_timed(lambda: trainer.wake_up()))
+    results.figure("ds_pinned_alloc_s", buffer.seconds, note=f"{buffer.num_bytes / 1e9:.2f} GB, at engine start, "
+                   "in a background thread overlapped with model loading")
+    results.figure("ds_state_bytes", moved)
+    results.figure("ds_first_sleep_s", sleeps[0], trials=sleeps)
+    results.figure("ds_sleep_gbps", moved / 1e9 / max(sleeps), trials=[moved / 1e9 / s for s in sleeps])
+    results.figure("ds_wake_gbps", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes])
+    _deepspeed_baseline(results, trainer, moved)
+    del trainer
+    torch.cuda.empty_cache()
+
+
+def _deepspeed_baseline(results, trainer, moved: int) -> None:
+    """DeepSpeed's own offload_states/reload_states on the same states (fp32 masters + optimizer states)."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+    trainer.state_mover = None  # DeepSpeed's path from here on
+    include = [OffloadStateTypeEnum.hp_params, OffloadStateTypeEnum.optim_states]
+    offloads, reloads = [], []
+    for _ in range(CALLS):
+        offloads.append(_timed(lambda: trainer.engine.offload_states(include=include)))
+        reloads.append(_timed(lambda: trainer.engine.reload_states()))
+    results.figure("ds_offload_states_first_s", offloads[0], trials=offloads)
+    results.figure("ds_offload_states_gbps", moved / 1e9 / max(offloads[1:]), trials=[moved / 1e9 / s for s in offloads])
+    results.figure("ds_reload_states_gbps", moved / 1e9 / max(reloads[1:]), trials=[moved / 1e9 / s for s in reloads])
+    results.figure("ds_first_sleep_vs_offload_states_first", results.data["figures"]["ds_first_sleep_s"] / offloads[0])

@@ -1,0 +1,141 @@
+"""GPU benchmarks of the Hybrid Engine on one GPU; one command, results written after every figure.
+
+Figures (issue #6), each beside its baseline from the same run: DeepSpeed sleep/wake through persistent pinned
+buffers vs DeepSpeed's `offload_states`; vLLM sleep/wake at levels 1 and 2; bucketed CUDA IPC weight sync into
+vLLM vs one transfer per tensor; rollout generation vs a decode roofline from the device copy bandwidth measured here.
+Usage (on the GPU machine, repository root on PYTHONPATH):
+  python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
+DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+
+class Results:
+    """The results file: metadata, figures and raw trials; rewritten after every figure so a cut-off run keeps
+    what it measured."""
+
+    def __init__(self, path: Path, meta: dict):
+        self.path, self.data = path, {"meta": meta, "figures": {}, "trials": {}, "notes": {}}
+        self.write()
+
+    def figure(self, name: str, value, trials=None, note: str | None = None) -> None:
+        self.data["figures"][name] = value
+        if trials is not None:
+            self.data["trials"][name] = trials
+        if note:
+            self.data["notes"][name] = note
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        print(f"[bench] {name} = {shown}" + (f"  trials={_short(trials)}" if trials else ""), flush=True)
+        self.write()
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
+
+
+def _short(trials):
+    return [round(t, 4) if isinstance(t, float) else t for t in trials] if isinstance(trials, list) else trials
+
+
+def versions() -> dict:
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("vllm", "deepspeed", "transformers"):
+        try:
+            found[name] = __import__(name).__version__
+        except ImportError:
+            found[name] = None
+    if torch.cuda.is_available():
+        found["gpu"] = torch.cuda.get_device_name(0)
+        found["gpu_total_gib"] = round(torch.cuda.mem_get_info()[1] / 2**30, 2)
+    return found
+
+
+def anchors(results: Results) -> dict:
+    """The two ceilings measured here: device copy bandwidth (bytes read + written) and bf16 matmul rate."""
+    import torch
+
+    src = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_s = _median_cuda_seconds(lambda: dst.copy_(src), repeats=20)
+    copy_gbps = 2 * src.numel() * 2 / copy_s / 1e9
+    del src, dst
+    n = 8192
+    a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
+                                                                               dtype=torch.bfloat16)
+    mm_s = _median_cuda_seconds(lambda: a @ b, repeats=30)
+    tflops = 2 * n**3 / mm_s / 1e12
+    results.figure("device_copy_gbps", copy_gbps, note="one 2 GiB bf16 device-to-device copy, read + write bytes")
+    results.figure("bf16_matmul_tflops", tflops, note="8192^3 bf16 matmul, median of 30")
+    return {"copy_gbps": copy_gbps, "tflops": tflops}
+
+
+def _median_cuda_seconds(fn, repeats: int) -> float:
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def model_shape(model_dir: Path) -> dict:
+    config = json.loads((model_dir / "config.json").read_text())
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "vocab_size", "tie_word_embeddings")
+    return {k: config.get(k) for k in keys}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--out", type=Path,
+                        default=REPO_ROOT / "benchmarks" / "results" / f"h200-hybrid-{date.today()}.json")
+    parser.add_argument("--only", default="anchors,ds,vllm")
+    parser.add_argument("--git-sha", default=os.environ.get("GIT_SHA", "unknown"))
+    parser.add_argument("--gen-trials", type=int, default=2)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our load function
+    results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
+                                 "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
+    sections = args.only.split(",")
+    ceilings = anchors(results) if "anchors" in sections or "vllm" in sections else {}
+    if "ds" in sections:
+        from bench_ds_sleep import bench_ds_sleep
+
+        bench_ds_sleep(results, args.model)
+    if "vllm" in sections:
+        from bench_vllm import bench_vllm
+
+        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials)
+    print(json.dumps(results.data["figures"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    started = time.perf_counter()
+    code = main()
+    print(f"[bench] done in {time.perf_counter() - started:.1f} s")
+    sys.exit(code)

@@ -1,0 +1,15 @@
+"""Small helpers shared by the GPU tests (kept out of conftest so they can be imported by name)."""
+from __future__ import annotations
+
+
+def fixed_sequence(length: int, seed: int, vocab: int = 100) -> list[int]:
+    """Token ids from the stand-in tokenizer's character range (ids 3..vocab-1), reproducible."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (length,), generator=generator).tolist()
+
+
+def mean_abs_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)

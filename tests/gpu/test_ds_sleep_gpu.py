@@ -1,0 +1,52 @@
+"""DeepSpeed sleep on the GPU: optimizer states and fp32 masters leave the GPU into persistent pinned buffers,
+and a sleep/wake round trip does not change the next training step."""
+from __future__ import annotations
+
+import pytest
+from gpu_helpers import fixed_sequence
+from test_weight_sync_gpu import sft_loss
+
+pytestmark = pytest.mark.gpu
+
+
+def two_steps(trainer, sleep_between: bool) -> float:
+    import torch
+
+    prompt, response = fixed_sequence(16, 200), fixed_sequence(128, 201)
+    if sleep_between:  # as the actor worker does at start: asleep before the first step (no Adam moments yet)
+        trainer.sleep()
+    trainer.wake_up()
+    trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+    if sleep_between:
+        trainer.sleep()
+        trainer.wake_up()
+    with torch.no_grad():
+        loss, _ = sft_loss(prompt, response)(trainer.engine)
+    return float(loss)
+
+
+def test_sleep_round_trip_leaves_the_next_step_unchanged(make_trainer):
+    plain = two_steps(make_trainer(lr=1e-4), sleep_between=False)
+    slept = two_steps(make_trainer(lr=1e-4), sleep_between=True)
+    assert abs(slept - plain) <= 1e-3 * abs(plain), (slept, plain)
+
+
+def test_sleep_frees_the_optimizer_states_and_uses_the_preallocated_buffer(make_trainer, cuda):
+    torch = cuda
+    trainer = make_trainer(lr=1e-4)
+    mover = trainer.state_mover
+    assert mover is not None, "ZeRO-2 on a GPU must use the pinned-buffer mover"
+    numel = sum(p.numel() for p in trainer.module.parameters())
+    assert trainer.sleep() >= 4 * numel  # before the first step Adam has no moments yet: the fp32 masters only
+    trainer.wake_up()
+    trainer.train_micro_batch(sft_loss(fixed_sequence(16, 300), fixed_sequence(64, 301)), is_boundary=True)
+    torch.cuda.synchronize()
+    free_awake = torch.cuda.mem_get_info()[0]
+    moved = trainer.sleep()
+    torch.cuda.synchronize()
+    freed = torch.cuda.mem_get_info()[0] - free_awake
+    assert moved >= 12 * numel  # fp32 master + two Adam moments per parameter
+    assert freed >= 0.9 * 12 * numel, (freed / 2**30, 12 * numel / 2**30)
+    host = mover.host.get()
+    assert host.is_pinned() and moved <= host.numel()
+    assert trainer.wake_up() == moved and trainer.sleep() == moved  # the layout is stable across round trips

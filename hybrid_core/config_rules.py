@@ -15,7 +15,7 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
-            *_colocation_problems(cfg), *_value_problems(cfg)]
+            *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg)]
 
 
 def _sleep_problems(cfg: RunConfig) -> list[str]:
@@ -85,3 +85,15 @@ def _value_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"data.input_template must contain '{{}}' where the prompt goes: got {template!r}; "
                         "e.g. --data.input_template 'Question: {} Answer:'")
     return problems
+
+
+def _batching_problems(cfg: RunConfig) -> list[str]:
+    """A token budget does nothing without dynamic batching: say so rather than silently batch by sample count."""
+    train_default = type(cfg.train).model_fields["max_tokens_per_gpu"].default
+    budgets = {"rollout.max_tokens_per_gpu": cfg.rollout.max_tokens_per_gpu is not None,
+               "train.max_tokens_per_gpu": cfg.train.max_tokens_per_gpu != train_default}
+    if cfg.train.dynamic_batch_enable:
+        return []
+    return [f"{name} needs train.dynamic_batch_enable: got train.dynamic_batch_enable=False, so micro-batches "
+            f"would hold micro_batch_size samples and ignore the budget; add --train.dynamic_batch_enable or drop "
+            f"--{name}" for name, is_set in budgets.items() if is_set]

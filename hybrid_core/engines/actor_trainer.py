@@ -39,7 +39,7 @@ class TrainSamples:
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
                          correction: ISCorrection | None):
     def build(share: MicroBatchShare):
-        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share.indices)
+        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         old, adv, mask = take(samples.old_logprobs), take(samples.advantages), batch.response_mask
         ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
         weights = None
@@ -63,5 +63,5 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
     """Run the step's policy updates; returns per-optimizer-step losses and token-weighted stat means."""
     if correction is not None and samples.rollout_logprobs is None:
         raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples")
-    lengths = [len(r) for r in samples.response_ids]
+    lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
     return run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction))

@@ -24,7 +24,7 @@ class CriticSamples:
 def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip: float | None,
                plan: BatchPlan) -> dict:
     def build(share: MicroBatchShare):
-        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share.indices)
+        batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         old, returns = take(samples.old_values), take(samples.returns)
         tokens = float(batch.response_mask.sum())
 
@@ -36,4 +36,5 @@ def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip:
 
         return loss_fn, tokens
 
-    return run_updates(engine, [len(r) for r in samples.response_ids], plan, build)
+    lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
+    return run_updates(engine, lengths, plan, build)

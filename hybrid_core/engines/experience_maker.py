@@ -17,7 +17,7 @@ from hybrid_core.algorithms.experience import (AdvantageSettings, PenaltySetting
 from hybrid_core.algorithms.losses import masked_mean
 from hybrid_core.data.stage_tables import advantage_table, sample_keys
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import pad, unpad
+from hybrid_core.engines.sequence_batch import MicroBatching, pad, unpad
 
 SequenceForward = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
 
@@ -32,14 +32,14 @@ class ExperienceSources:
 
 def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward: pa.Table, sources: ExperienceSources,
                          settings: AdvantageSettings, penalties: PenaltySettings,
-                         micro_batch_size: int) -> tuple[pa.Table, dict]:
+                         batching: MicroBatching) -> tuple[pa.Table, dict]:
     """Returns the advantage table and experience statistics (KL to the reference, per token and per sequence)."""
     keys = sample_keys(rollout)
     if keys != sample_keys(reward):
         raise RuntimeError("reward rows are not in the rollout's sample order; the reward stage must be redone")
     prompt_ids = rollout.column("prompt_ids").to_pylist()
     response_ids = rollout.column("response_ids").to_pylist()
-    old = engine.logprobs(prompt_ids, response_ids, micro_batch_size)
+    old = engine.logprobs(prompt_ids, response_ids, batching)
     ref = sources.ref_logprobs(prompt_ids, response_ids) if sources.ref_logprobs else None
     values = sources.values(prompt_ids, response_ids) if sources.values else None
     T = max(1, max(len(r) for r in response_ids))

@@ -1,8 +1,10 @@
 """The update loop shared by the actor and the critic: epochs × optimizer steps × micro-batches over a step's samples.
 
 Owns batching (seeded shuffles, `train.batch_size` samples per optimizer step — the last one may be smaller when
-filtering left fewer samples —, `train.micro_batch_size` per forward), the accumulation boundary, and averaging the
-statistics. What a micro-batch's loss is comes from the caller; this module knows no RL maths, Ray or store.
+filtering left fewer samples —, then micro-batches of `train.micro_batch_size` samples or, with dynamic batching, of
+at most `train.max_tokens_per_gpu` tokens, cut in the step's seeded order), the accumulation boundary (the step's
+last micro-batch), and averaging the statistics. What a micro-batch's loss is comes from the caller; this module
+knows no RL maths, Ray or store.
 """
 from __future__ import annotations
 
@@ -13,33 +15,37 @@ from typing import Callable
 import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import make_sequence_batch, pad
+from hybrid_core.engines.sequence_batch import MicroBatching, make_sequence_batch, pad, split_micro_batches
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
 
 @dataclass(frozen=True)
 class BatchPlan:
-    batch_size: int
-    micro_batch_size: int
+    batch_size: int          # samples per optimizer step
+    batching: MicroBatching  # how a step's samples are cut into forward/backward micro-batches
     max_epochs: int
     seed: int
 
 
 @dataclass(frozen=True)
 class MicroBatchShare:
-    """Which samples a micro-batch holds and its share of the optimizer step it belongs to."""
+    """Which samples a micro-batch holds, how they are laid out, and its share of the optimizer step."""
 
     indices: list[int]
     num_tokens: float       # response tokens of the whole optimizer step (the global token mean's divisor)
-    sequence_share: float   # micro-batch sequences ÷ optimizer-step sequences
+    sequence_share: float   # non-empty responses of the micro-batch ÷ those of the optimizer step (GSPO's mean is
+    #                         over non-empty sequences, so counting empty ones would make it depend on the cut)
+    is_packed: bool = False  # one unpadded row (`ds.packing_samples`) instead of one padded row per sample
 
 
 def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]], response_ids: list[list[int]],
-                        indices: list[int]):
-    """The micro-batch's padded sequences on the engine's device, and `take(rows)`: its (B, T) slice of a ragged
+                        share: MicroBatchShare):
+    """The micro-batch's sequences on the engine's device, and `take(rows)`: its (B, T) slice of a ragged
     per-token column (old logprobs, advantages, values, …)."""
-    batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], engine.pad_id)
+    indices = share.indices
+    batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], engine.pad_id,
+                                share.is_packed)
     T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
     return batch.to(device), lambda rows: pad([rows[i] for i in indices], T).to(device)
 
@@ -47,10 +53,13 @@ def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)
 
 
-def run_updates(engine: DeepSpeedTrainEngine, response_lengths: list[int], plan: BatchPlan,
+def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], plan: BatchPlan,
                 build_loss: LossBuilder) -> dict:
-    """Run every optimizer step of the step's samples; returns per-step losses and token-weighted stat means."""
-    n = len(response_lengths)
+    """Run every optimizer step of the step's samples; returns per-step losses and token-weighted stat means.
+
+    `lengths`: (prompt tokens, response tokens) of each sample.
+    """
+    n, sequence_lengths = len(lengths), [p + r for p, r in lengths]
     totals, weights, last = defaultdict(float), defaultdict(float), {}
     generator = torch.Generator().manual_seed(plan.seed)
     num_steps = 0
@@ -58,12 +67,14 @@ def run_updates(engine: DeepSpeedTrainEngine, response_lengths: list[int], plan:
         order = torch.randperm(n, generator=generator).tolist()
         for start in range(0, n, plan.batch_size):
             step_idx = order[start:start + plan.batch_size]
-            num_tokens = float(sum(response_lengths[i] for i in step_idx)) or 1.0
-            for m in range(0, len(step_idx), plan.micro_batch_size):
-                share = MicroBatchShare(step_idx[m:m + plan.micro_batch_size], num_tokens,
-                                        min(plan.micro_batch_size, len(step_idx) - m) / len(step_idx))
+            num_tokens = float(sum(lengths[i][1] for i in step_idx)) or 1.0
+            num_sequences = sum(lengths[i][1] > 0 for i in step_idx) or 1
+            micro_batches = split_micro_batches(step_idx, sequence_lengths, plan.batching)
+            for m, indices in enumerate(micro_batches):
+                sequence_share = sum(lengths[i][1] > 0 for i in indices) / num_sequences
+                share = MicroBatchShare(indices, num_tokens, sequence_share, plan.batching.is_packed)
                 loss_fn, tokens = build_loss(share)
-                stats = engine.train_micro_batch(loss_fn, is_boundary=m + plan.micro_batch_size >= len(step_idx))
+                stats = engine.train_micro_batch(loss_fn, is_boundary=m == len(micro_batches) - 1)
                 last |= {k: stats.pop(k) for k in ("grad_norm", "lr") if k in stats}
                 for key, value in stats.items():
                     totals[key] += value if key in ADDITIVE_KEYS else value * tokens

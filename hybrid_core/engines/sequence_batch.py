@@ -1,58 +1,118 @@
-"""Padded prompt+response batches and per-token response logprobs from a causal LM forward.
+"""Prompt+response batches in two layouts, the micro-batching of a sample list, and per-token response logprobs.
 
-Owns the layout shared by the actor, reference and critic forwards: each row is prompt + response, right-padded;
-response tensors are (B, T) with T the longest response, left-aligned, masked by `response_mask`.
-It knows nothing about DeepSpeed, vLLM or where the sequences came from.
+Owns the layout shared by the actor, reference and critic forwards. Padded: one right-padded row per sample.
+Packed (`ds.packing_samples`): the samples back to back in one row, positions restarting at 0 for each, no attention
+mask; transformers then finds the sample boundaries from the positions (`masking_utils.find_packed_sequence_indices`)
+and attends within each sample only. Response tensors are (B, T) with T the longest response, left-aligned, masked
+by `response_mask`, in both layouts. It knows nothing about DeepSpeed, vLLM or where the sequences came from.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
 
 @dataclass
 class SequenceBatch:
-    input_ids: torch.Tensor       # (B, L) long, prompt + response, right-padded
-    attention_mask: torch.Tensor  # (B, L) long
-    response_index: torch.Tensor  # (B, T) long: position in the row of the logits that predict response token t
-    response_ids: torch.Tensor    # (B, T) long, padded with 0
-    response_mask: torch.Tensor   # (B, T) float 0/1
+    input_ids: torch.Tensor              # (R, L) long: R = B padded rows, or R = 1 packed row of every sample
+    attention_mask: torch.Tensor | None  # (R, L) long when padded; None when packed (positions mark the samples)
+    position_ids: torch.Tensor           # (R, L) long, restarting at 0 for each sample
+    response_index: torch.Tensor         # (B, T) long: index into the R·L flattened positions of the logits
+    #                                      that predict response token t
+    response_ids: torch.Tensor           # (B, T) long, padded with 0
+    response_mask: torch.Tensor          # (B, T) float 0/1
 
     def to(self, device) -> "SequenceBatch":
-        return SequenceBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.response_index,
-                                                       self.response_ids, self.response_mask)))
+        return SequenceBatch(*(t.to(device) if t is not None else None for t in (
+            self.input_ids, self.attention_mask, self.position_ids, self.response_index, self.response_ids,
+            self.response_mask)))
 
 
-def make_sequence_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> SequenceBatch:
-    """Pack prompt/response token lists into padded tensors (one row per sample)."""
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a list of samples is cut into forward micro-batches and laid out.
+
+    `max_tokens` None: `num_samples` samples per micro-batch. Otherwise (dynamic batching) a token budget: see
+    `split_micro_batches`. `is_packed`: one unpadded row per micro-batch instead of one padded row per sample.
+    """
+
+    num_samples: int
+    max_tokens: int | None = None
+    is_packed: bool = False
+
+
+def make_sequence_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
+                        is_packed: bool = False) -> SequenceBatch:
+    """Lay prompt/response token lists out as tensors: one padded row per sample, or one packed row."""
     assert len(prompt_ids) == len(response_ids), (len(prompt_ids), len(response_ids))
     rows = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
-    B, L = len(rows), max(len(r) for r in rows)
-    T = max(1, max(len(r) for r in response_ids))
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)
-    response_index = torch.zeros((B, T), dtype=torch.long)
-    resp = torch.zeros((B, T), dtype=torch.long)
+    lengths = [len(r) for r in rows]
+    if is_packed:
+        input_ids = torch.tensor([[t for row in rows for t in row]], dtype=torch.long)
+        position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+        attention_mask, starts = None, [0, *accumulate(lengths)][:-1]
+    else:
+        B, L = len(rows), max(lengths)
+        input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((B, L), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, :len(row)] = 1
+        position_ids, starts = (attention_mask.cumsum(-1) - 1).clamp(min=0), [i * L for i in range(B)]
+    return SequenceBatch(input_ids, attention_mask, position_ids, *_response_tensors(prompt_ids, response_ids, starts))
+
+
+def _response_tensors(prompt_ids, response_ids, starts: list[int]):
+    """(response_index, response_ids, response_mask), each (B, T); `starts`: each sample's first flat position."""
+    B, T = len(response_ids), max(1, max(len(r) for r in response_ids))
+    index = torch.zeros((B, T), dtype=torch.long)
+    ids = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.float32)
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        n = len(p) + len(r)
-        input_ids[i, :n] = torch.tensor(rows[i], dtype=torch.long)
-        attention_mask[i, :n] = 1
-        if r:
-            response_index[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
-            resp[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    for i, (p, r, start) in enumerate(zip(prompt_ids, response_ids, starts)):
+        if r:  # the logits at position len(prompt) − 1 + t of the sample predict its response token t
+            index[i, :len(r)] = torch.arange(start + len(p) - 1, start + len(p) - 1 + len(r))
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
             mask[i, :len(r)] = 1.0
-    return SequenceBatch(input_ids, attention_mask, response_index, resp, mask)
+    return index, ids, mask
+
+
+def micro_batch_tokens(sequence_lengths: list[int], is_packed: bool) -> int:
+    """Tokens a micro-batch's input holds: the sum of its lengths packed; rows × the longest row padded."""
+    return sum(sequence_lengths) if is_packed else len(sequence_lengths) * max(sequence_lengths, default=0)
+
+
+def split_micro_batches(indices: list[int], sequence_lengths: list[int], batching: MicroBatching) -> list[list[int]]:
+    """Cut `indices` into micro-batches, keeping their order.
+
+    Fixed: `batching.num_samples` at a time. Dynamic (`max_tokens` set): greedy next-fit in the given order — a
+    micro-batch takes the next sample while `micro_batch_tokens` of its prompt+response lengths stays within the
+    budget, so the tensors a forward sees never exceed it; a sample longer than the budget alone is a micro-batch of
+    its own (it must be trained on; the budget bounds batching, not which samples are used).
+    `sequence_lengths[i]` is sample i's prompt+response token count.
+    """
+    if batching.max_tokens is None:
+        n = batching.num_samples
+        return [indices[m:m + n] for m in range(0, len(indices), n)]
+    micro_batches: list[list[int]] = []
+    current: list[int] = []
+    for i in indices:
+        lengths = [sequence_lengths[j] for j in current] + [sequence_lengths[i]]
+        if current and micro_batch_tokens(lengths, batching.is_packed) > batching.max_tokens:
+            micro_batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        micro_batches.append(current)
+    return micro_batches
 
 
 def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
     """Logits (B, T, V) at the positions that predict each response token."""
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=position_ids, use_cache=False).logits
-    index = batch.response_index.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    return torch.gather(logits, 1, index)
+                   position_ids=batch.position_ids, use_cache=False).logits
+    return logits.flatten(0, 1)[batch.response_index]
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
@@ -84,14 +144,15 @@ def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
 
 
 def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_id: int,
-                             micro_batch_size: int) -> list[list[float]]:
-    """Ragged per-sample results of `per_token_fn(model, batch) -> (B, T)` over every response, `micro_batch_size`
-    rows at a time, without gradients (response logprobs of a policy, values of a critic)."""
+                             batching: MicroBatching) -> list[list[float]]:
+    """Ragged per-sample results of `per_token_fn(model, batch) -> (B, T)` over every response, micro-batched by
+    `batching`, without gradients (response logprobs of a policy, values of a critic). Sample order is kept."""
     device = next(model.parameters()).device
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     out: list[list[float]] = []
     with torch.no_grad():
-        for i in range(0, len(prompt_ids), micro_batch_size):
-            batch = make_sequence_batch(prompt_ids[i:i + micro_batch_size], response_ids[i:i + micro_batch_size],
-                                        pad_id).to(device)
+        for indices in split_micro_batches(list(range(len(prompt_ids))), lengths, batching):
+            batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], pad_id,
+                                        batching.is_packed).to(device)
             out.extend(unpad(per_token_fn(model, batch).float().cpu(), batch.response_mask.cpu()))
     return out

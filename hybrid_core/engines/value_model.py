@@ -1,7 +1,7 @@
 """The critic's value model: a causal LM's backbone plus a linear value head, and its per-token response values.
 
 Owns loading (backbone weights from a local HF directory; the head, named `ds.value_head_prefix`, starts at zero so
-initial values are 0) and value forwards in the response layout of `sequence_batch`.
+initial values are 0) and value forwards in either layout of `sequence_batch` (padded or packed).
 It knows nothing about training loops, Ray or the store.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
-from hybrid_core.engines.sequence_batch import SequenceBatch, batched_response_forward
+from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward
 
 
 class ValueModel(nn.Module):
@@ -24,28 +24,29 @@ class ValueModel(nn.Module):
         self.add_module(head_prefix, head)
 
     def forward(self, input_ids, attention_mask, position_ids, use_cache: bool = False) -> torch.Tensor:
-        """Values (B, L): V of the state that ends at each position."""
+        """Values (R, L): V of the state that ends at each position."""
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             use_cache=use_cache).last_hidden_state
         return getattr(self, self.head_prefix)(hidden).squeeze(-1)
 
 
-def load_value_model(model_path: str, param_dtype: str, head_prefix: str) -> ValueModel:
+def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
+                     attn_implementation: str | None = None) -> ValueModel:
     from transformers import AutoConfig, AutoModel
 
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"critic.model_name_or_path must be a local HF model directory: got {model_path!r}")
-    backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype])
+    backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
+                                         attn_implementation=attn_implementation)
     return ValueModel(backbone, AutoConfig.from_pretrained(model_path).hidden_size, head_prefix)
 
 
 def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """(B, T) values at the positions that precede each response token, zero where `response_mask` is 0."""
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids)
-    return torch.gather(values.float(), 1, batch.response_index) * batch.response_mask
+    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    return values.float().flatten()[batch.response_index] * batch.response_mask
 
 
-def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, micro_batch_size: int):
-    """Ragged per-sample values of every response, `micro_batch_size` rows at a time, without gradients."""
-    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, micro_batch_size)
+def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching):
+    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients."""
+    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching)

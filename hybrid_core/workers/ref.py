@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 from hybrid_core.engines.frozen_model import FrozenModel, load_tokenizer
+from hybrid_core.engines.sequence_batch import MicroBatching
 
 
 class RefWorker:
-    def __init__(self, model_path: str, param_dtype: str, micro_batch_size: int):
-        self.model = FrozenModel(model_path, param_dtype, load_tokenizer(model_path).pad_token_id)
-        self.micro_batch_size = micro_batch_size
+    def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching):
+        pad_id = load_tokenizer(model_path).pad_token_id
+        self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed)
+        self.batching = batching
 
     def ready(self) -> bool:
         return True
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
-        return self.model.logprobs(prompt_ids, response_ids, self.micro_batch_size)
+        return self.model.logprobs(prompt_ids, response_ids, self.batching)

@@ -24,7 +24,7 @@ def test_train_refuses_the_seed_recipe_with_one_message():
     assert "Traceback" not in out
     assert out.count("hybrid train cannot start") == 1
     assert "needs 4 GPUs, found 0" in out
-    for flag in ("--ds.packing_samples", "--ds.ring_attn_size", "--train.dynamic_batch_enable"):
+    for flag in ("--ds.ring_attn_size", "--ds.ring_attn_head_stride"):
         assert flag in out, flag
     assert "ray" not in out.lower().replace("ring_attn", "").replace("array", "")  # Ray never started
 
@@ -36,7 +36,7 @@ def test_plan_prints_the_seed_placement_and_exits_0():
     assert "actor 0.2, ref 0.2, rollout 0.2" in out
     assert "2 vLLM engines × TP 2" in out
     assert "sleep: vLLM on (level 1), DeepSpeed on" in out
-    assert "--ds.packing_samples (set to True)" in out
+    assert "--ds.ring_attn_size (set to 2)" in out
 
 
 def test_typo_suggests_the_flag():

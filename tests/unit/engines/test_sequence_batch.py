@@ -1,12 +1,13 @@
-"""Unit tests for hybrid_core.engines.sequence_batch: the padded layout, response logprobs and unpad/pad."""
+"""Unit tests for hybrid_core.engines.sequence_batch: the padded and packed layouts, micro-batching, response
+logprobs (packed = padded, values and gradients) and unpad/pad."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from hybrid_core.engines.sequence_batch import (SequenceBatch, make_sequence_batch, pad, response_logprobs,
-                                                token_logprobs, unpad)
+from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, micro_batch_tokens,
+                                                pad, response_logprobs, split_micro_batches, token_logprobs, unpad)
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
 
@@ -22,8 +23,10 @@ def test_layout_by_hand():
     # rows: 5 6 7 | 9 10 (L = 5) and 8 | 11 12 13 (4, padded by one); T = 3, the longest response
     _equal(batch.input_ids, [[5, 6, 7, 9, 10], [8, 11, 12, 13, 0]])
     _equal(batch.attention_mask, [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
-    # the logits at position len(prompt) − 1 + t predict response token t: row 0 → 2, 3; row 1 → 0, 1, 2
-    _equal(batch.response_index, [[2, 3, 0], [0, 1, 2]])
+    _equal(batch.position_ids, [[0, 1, 2, 3, 4], [0, 1, 2, 3, 3]])  # the pad repeats the last position
+    # the logits at position len(prompt) − 1 + t predict response token t: row 0 → 2, 3; row 1 → 0, 1, 2,
+    # flattened over the rows (row 1 starts at 5) → 5, 6, 7
+    _equal(batch.response_index, [[2, 3, 0], [5, 6, 7]])
     _equal(batch.response_ids, [[9, 10, 0], [11, 12, 13]])
     _equal(batch.response_mask, [[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
 
@@ -33,7 +36,7 @@ def test_layout_with_an_empty_response_and_a_custom_pad():
     # rows: 4 5 (L = 2) and 6 7; T = 1
     _equal(batch.input_ids, [[4, 5], [6, 7]])
     _equal(batch.attention_mask, [[1, 1], [1, 1]])
-    _equal(batch.response_index, [[0], [0]])
+    _equal(batch.response_index, [[0], [2]])  # row 1 starts at flat position 2; its prompt ends there
     _equal(batch.response_ids, [[0], [7]])
     _equal(batch.response_mask, [[0], [1]], dtype=torch.float32)
     only_empty = make_sequence_batch([[4, 5, 6]], [[]], pad_id=99)
@@ -99,3 +102,120 @@ def test_unpad_then_pad_round_trip():
 def test_pad_widths():
     _equal(pad([[1.0], [2.0, 3.0]], T=4), [[1, 0, 0, 0], [2, 3, 0, 0]], torch.float32)
     _equal(pad([[], []]), [[0], [0]], torch.float32)  # all empty → T = 1
+
+
+def test_packed_layout_by_hand():
+    batch = make_sequence_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_id=0, is_packed=True)
+    # one row 5 6 7 9 10 | 8 11 12 13 (N = 9), positions restart at the second sample, no mask, no padding
+    _equal(batch.input_ids, [[5, 6, 7, 9, 10, 8, 11, 12, 13]])
+    _equal(batch.position_ids, [[0, 1, 2, 3, 4, 0, 1, 2, 3]])
+    assert batch.attention_mask is None
+    # sample 0 predicts its responses from positions 2, 3; sample 1 starts at 5 → 5 + 0, 1, 2
+    _equal(batch.response_index, [[2, 3, 0], [5, 6, 7]])
+    _equal(batch.response_ids, [[9, 10, 0], [11, 12, 13]])
+    _equal(batch.response_mask, [[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+    assert batch.to("cpu").attention_mask is None
+
+
+def test_transformers_finds_the_packed_samples_from_the_positions():
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    batch = make_sequence_batch([[1, 2], [3, 4, 5], [6]], [[7], [], []], pad_id=0, is_packed=True)
+    # lengths 3, 3, 1 → sample ids 0 0 0 1 1 1 2 (a one-token sample still starts a new block: diff 0 ≠ 1)
+    _equal(find_packed_sequence_indices(batch.position_ids), [[0, 0, 0, 1, 1, 1, 2]])
+    single = make_sequence_batch([[1, 2]], [[3]], pad_id=0, is_packed=True)
+    assert find_packed_sequence_indices(single.position_ids) is None  # one sample: the plain causal mask
+
+
+def test_micro_batch_tokens_count_padding_only_when_padded():
+    assert micro_batch_tokens([3, 5, 2], is_packed=True) == 10
+    assert micro_batch_tokens([3, 5, 2], is_packed=False) == 15  # 3 rows × the longest, 5
+    assert micro_batch_tokens([], is_packed=False) == 0
+
+
+def test_fixed_micro_batches_cut_by_count():
+    assert split_micro_batches([4, 0, 3, 1, 2], [9] * 5, MicroBatching(2)) == [[4, 0], [3, 1], [2]]
+
+
+def test_dynamic_micro_batches_by_hand():
+    lengths = [6, 3, 4, 12, 2, 5]  # sample i has lengths[i] prompt+response tokens
+    order = [2, 0, 1, 3, 5, 4]     # a step's seeded order: kept
+    packed = split_micro_batches(order, lengths, MicroBatching(1, max_tokens=10, is_packed=True))
+    # 4+6 = 10 ≤ 10 | +3 → 13: new | 3, then 12 → 15: new | 12 alone is over the budget: its own | 5+2 = 7
+    assert packed == [[2, 0], [1], [3], [5, 4]]
+    padded = split_micro_batches(order, lengths, MicroBatching(1, max_tokens=10, is_packed=False))
+    # padded cost = rows × longest: 4, 6 → 2·6 = 12 > 10: 4 alone | 6, 3 → 12: 6 alone | 3 | 12 | 5, 2 → 10
+    assert padded == [[2], [0], [1], [3], [5, 4]]
+    for micro_batches, is_packed in ((packed, True), (padded, False)):
+        assert [i for mb in micro_batches for i in mb] == order
+        for mb in micro_batches:
+            assert len(mb) == 1 or micro_batch_tokens([lengths[i] for i in mb], is_packed) <= 10
+
+
+def _random_samples(prompt_lengths, response_lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 100, (n,), generator=g).tolist() for n in prompt_lengths]
+    responses = [torch.randint(3, 100, (n,), generator=g).tolist() for n in response_lengths]
+    return prompts, responses
+
+
+PROMPT_LENGTHS, RESPONSE_LENGTHS = [5, 1, 9, 3, 4], [4, 7, 1, 0, 6]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_logprobs_equal_the_padded_ones(tiny_model, attn):
+    tiny_model.set_attn_implementation(attn)
+    prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS)
+    with torch.no_grad():
+        padded = response_logprobs(tiny_model, make_sequence_batch(prompts, responses, pad_id=0))
+        packed_batch = make_sequence_batch(prompts, responses, pad_id=0, is_packed=True)
+        packed = response_logprobs(tiny_model, packed_batch)
+        # control: the same row with positions 0 … N−1 is one long sequence, so later samples see earlier ones
+        packed_batch.position_ids = torch.arange(packed_batch.input_ids.shape[1]).unsqueeze(0)
+        leaked = response_logprobs(tiny_model, packed_batch)
+    tiny_model.set_attn_implementation("sdpa")
+    assert packed.shape == padded.shape == (5, 7)
+    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
+    assert (leaked[1:] - padded[1:]).abs().max() > 1e-2  # the equality above needs the per-sample mask
+
+
+def test_packed_gradients_equal_the_padded_ones(tiny_model):
+    prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS, seed=1)
+    weights = torch.randn(5, 7, generator=torch.Generator().manual_seed(2))
+
+    def grads(is_packed: bool) -> dict[str, torch.Tensor]:
+        tiny_model.zero_grad()
+        batch = make_sequence_batch(prompts, responses, pad_id=0, is_packed=is_packed)
+        (response_logprobs(tiny_model, batch) * weights).sum().backward()
+        return {name: p.grad.clone() for name, p in tiny_model.named_parameters()}
+
+    padded, packed = grads(False), grads(True)
+    tiny_model.zero_grad()
+    assert padded.keys() == packed.keys() and all(g.abs().sum() > 0 for g in padded.values())
+    for name in padded:
+        torch.testing.assert_close(packed[name], padded[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_packed_values_equal_the_padded_ones():
+    from hybrid_core.engines.value_model import load_value_model, response_values
+
+    model = load_value_model(str(TINY_MODEL), "fp32", "score").eval()
+    torch.nn.init.normal_(model.score.weight, generator=torch.Generator().manual_seed(3))  # the head starts at 0
+    prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS, seed=4)
+    with torch.no_grad():
+        padded = response_values(model, make_sequence_batch(prompts, responses, pad_id=0))
+        packed = response_values(model, make_sequence_batch(prompts, responses, pad_id=0, is_packed=True))
+    assert bool((padded != 0).any())
+    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
+
+
+def test_batched_forward_keeps_the_sample_order_under_every_batching(tiny_model):
+    from hybrid_core.engines.frozen_model import batched_logprobs
+
+    prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS, seed=5)
+    expected = batched_logprobs(tiny_model, prompts, responses, 0, MicroBatching(5))
+    assert [len(r) for r in expected] == RESPONSE_LENGTHS
+    for batching in (MicroBatching(2), MicroBatching(1, max_tokens=12), MicroBatching(1, max_tokens=12, is_packed=True),
+                     MicroBatching(3, is_packed=True)):
+        got = batched_logprobs(tiny_model, prompts, responses, 0, batching)
+        torch.testing.assert_close(pad(got, 7), pad(expected, 7), rtol=0, atol=1e-5, msg=str(batching))

@@ -16,7 +16,7 @@ USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>
        hybrid deploy
 
   train   run the rl-train flow (refuses unimplemented flags and missing hardware first)
-  plan    validate the configuration and print the placement, without starting anything
+  plan    validate the configuration and print the placement and per-GPU memory, without starting anything
   rollouts  print per-step summaries and samples of a run's datasets
   deploy  register the deployments of prefect.yaml with the Prefect server (`prefect deploy --all`)
 """
@@ -39,12 +39,13 @@ def _parse(argv: list[str]):
 
 
 def plan_command(argv: list[str]) -> int:
-    from hybrid_core.plan import render_plan
+    from hybrid_core.plan import ASSUMED_GPU_GIB, gpu_memory_gib, render_plan
 
     cfg, error = _parse(argv)
     if error:
         return _fail(error)
-    print(render_plan(cfg))
+    found = gpu_memory_gib()
+    print(render_plan(cfg, found or ASSUMED_GPU_GIB, is_gpu_assumed=not found))
     return 0
 
 
@@ -91,7 +92,7 @@ def _tmp_yaml() -> str:
 
 
 def train_command(argv: list[str]) -> int:
-    from hybrid_core.plan import count_gpus, preflight_problems
+    from hybrid_core.plan import count_gpus, gpu_memory_gib, preflight_problems
 
     run_id, argv = _take(argv, "--run_id")
     resume_dir, argv = _take(argv, "--resume")
@@ -102,7 +103,7 @@ def train_command(argv: list[str]) -> int:
         cfg, error = _parse(argv)
     if error:
         return _fail(error)
-    problems = preflight_problems(cfg, count_gpus())
+    problems = preflight_problems(cfg, count_gpus(), gpu_memory_gib())
     if problems:
         return _fail("hybrid train cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -1,8 +1,8 @@
 """What `hybrid plan` prints and what `hybrid train` checks before anything starts.
 
 Owns the list of flags whose behaviour exists (`IMPLEMENTED_FLAGS`), the placement of roles on GPU bundles
-(mirroring OpenRLHF's placement groups) and the preflight problems. Pure functions of a `RunConfig`: no torch,
-no Ray; the caller counts GPUs and creates the placement groups.
+(mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is `memory_plan`'s. Pure
+functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement groups.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_core.config import RunConfig, changed_fields, leaf_values
+from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
 IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_per_node", "actor.eps_clip",
@@ -60,6 +61,8 @@ IMPLEMENTED_VALUES: dict[str, frozenset[str]] = {
 
 # OpenRLHF gives each colocated role 0.2 GPU per bundle; more than five roles would overcommit the GPU.
 MAX_SHARED_GPU_FRACTION = 0.2
+# What `hybrid plan` assumes without nvidia-smi: an H200's memory as CUDA reports it (torch.cuda.mem_get_info).
+ASSUMED_GPU_GIB = 139.8
 
 
 @dataclass(frozen=True)
@@ -172,8 +175,9 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> str:
             f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}")
 
 
-def render_plan(cfg: RunConfig) -> str:
-    """The human report of `hybrid plan`: size, placement groups, sleep modes and not-implemented flags."""
+def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:
+    """The human report of `hybrid plan`: size, placement groups, sleep modes, not-implemented flags and, given
+    `gpu_total_gib` (per-GPU memory; `is_gpu_assumed` when no GPU was found to measure), the memory estimate."""
     placement = make_placement(cfg)
     nodes = math.ceil(placement.num_bundles / cfg.actor.num_gpus_per_node)
     lines = [f"device: {placement.device}; needs {placement.num_gpus} GPUs "
@@ -186,25 +190,55 @@ def render_plan(cfg: RunConfig) -> str:
     missing = not_implemented(cfg)
     lines.append("not implemented yet:" + ("" if missing else " none"))
     lines += [f"  {line}" for line in missing]
+    if gpu_total_gib is not None:
+        lines += _memory_lines(cfg, gpu_total_gib, is_gpu_assumed)
     return "\n".join(lines)
 
 
-def preflight_problems(cfg: RunConfig, num_gpus_found: int) -> list[str]:
-    """Why `hybrid train` must not start: unimplemented flags and missing hardware (empty when it may).
+def _memory_lines(cfg: RunConfig, gpu_total_gib: float, is_gpu_assumed: bool) -> list[str]:
+    """The memory section of the plan: skipped on CPU, and a reason instead of terms when a shape is unknown."""
+    if cfg.train.device == "cpu":
+        return ["memory: the memory plan applies to GPU runs (--train.device cuda); skipped on cpu"]
+    try:
+        plan = estimate_memory(cfg, gpu_total_gib, make_placement(cfg).group_of("actor").roles)
+    except ValueError as err:
+        return [f"memory: no estimate: {err}"]
+    source = "assumed: no GPU found, an H200" if is_gpu_assumed else "found by nvidia-smi"
+    return ([f"memory per GPU of the actor's group, estimated for a {gpu_total_gib:.2f} GiB GPU ({source}):"]
+            + [f"  {line}" for line in render_memory(plan)])
+
+
+def preflight_problems(cfg: RunConfig, num_gpus_found: int, gpu_total_gib: float | None = None) -> list[str]:
+    """Why `hybrid train` must not start: unimplemented flags, missing hardware and, on GPUs, a memory estimate
+    over the GPU's size (empty when it may).
 
     Args:
         num_gpus_found: GPUs visible to the caller (it imports torch or asks Ray; this module does neither).
+        gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
     if cfg.train.device == "cpu" and cfg.actor_world_size > 1:
         problems.append("flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU "
                         f"(got {cfg.actor_world_size}); use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
-    problems += _slice_problems(cfg) + _missing_inputs(cfg)
+    problems += _slice_problems(cfg) + _missing_inputs(cfg) + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
     if num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
                         "or lower --actor.num_gpus_per_node and --vllm.num_engines")
     return problems
+
+
+def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
+    """The estimate over the GPU's memory; silent on CPU, without a GPU size, or when a model shape is unknown."""
+    if cfg.train.device != "cuda" or gpu_total_gib is None:
+        return []
+    try:
+        plan = estimate_memory(cfg, gpu_total_gib, make_placement(cfg).group_of("actor").roles)
+    except ValueError:  # `hybrid plan` says why; the missing model is reported by _missing_inputs
+        return []
+    if plan.fits:
+        return []
+    return [f"GPU memory: {fit_summary(plan)}, in phase {plan.peak_phase.name}; `hybrid plan` lists every term"]
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:
@@ -249,3 +283,22 @@ def count_gpus() -> int:
     found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return found if visible is None else min(found, len([d for d in visible.split(",") if d.strip()]))
+
+
+def gpu_memory_gib() -> float | None:
+    """Memory of the smallest visible GPU in GiB as CUDA reports it (nvidia-smi's total less what the driver
+    reserves), without importing torch; None without a driver."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    for query in ("memory.total,memory.reserved", "memory.total"):  # older drivers lack memory.reserved
+        try:
+            proc = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=20)
+            rows = [[float(v) for v in line.split(",")] for line in proc.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        except ValueError:  # "[N/A]" or an error message instead of numbers
+            continue
+        if proc.returncode == 0 and rows:
+            return min(row[0] - sum(row[1:]) for row in rows) / 1024  # MiB → GiB
+    return None

@@ -61,3 +61,12 @@ def test_train_on_cpu_lists_missing_inputs_without_gpus_named():
     assert "actor.model_name_or_path is required" in out
     assert "data.prompt_dataset is required" in out
     assert "GPUs" not in out
+
+
+def test_plan_prints_the_seed_memory_estimate_without_a_gpu():
+    rc, out, _ = hybrid("plan", *SEED_ARGV)
+    assert rc == 0, out
+    assert "memory per GPU of the actor's group, estimated for a 139.80 GiB GPU (assumed: no GPU found" in out
+    assert "    vLLM reservation: 97.86 GiB" in out  # 0.7 of the GPU
+    assert "  peak: " in out and "largest term: " in out
+    assert "Traceback" not in out

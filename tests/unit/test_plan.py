@@ -1,4 +1,6 @@
 """plan: placement groups, the not-implemented list and the preflight checks of `hybrid train`."""
+import subprocess
+
 import pytest
 
 from hybrid_core.config import RunConfig, leaf_paths
@@ -140,3 +142,71 @@ def test_cpu_device_refuses_a_distributed_actor():
         "flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU (got 2); "
         "use --actor.num_nodes 1 --actor.num_gpus_per_node 1",
         "not implemented yet: separate GPU groups per role; add --train.colocate_all"]
+
+
+def test_seed_plan_appends_the_memory_estimate():
+    cfg = parse_cli(SEED_ARGV)
+    without = render_plan(cfg).splitlines()
+    lines = render_plan(cfg, 139.8, is_gpu_assumed=True).splitlines()
+    assert lines[:len(without)] == without  # the memory section only adds lines
+    assert lines[len(without)] == ("memory per GPU of the actor's group, estimated for a 139.80 GiB GPU "
+                                   "(assumed: no GPU found, an H200):")
+    assert lines[len(without) + 1].startswith("  phase rollout: ")
+    assert "    vLLM reservation: 97.86 GiB" in lines  # 0.7 · 139.8 on each of the 4 GPUs
+    assert any(line.startswith("  peak: ") for line in lines)
+    assert any(line.startswith(("  fits on a 139.80 GiB GPU", "  does not fit: needs ")) for line in lines)
+    assert "  note: model Qwen/Qwen3-4B-Thinking-2507: 4.02B parameters (tied embeddings)" in lines
+    assert "(found by nvidia-smi)" in render_plan(cfg, 80.0)
+
+
+def test_memory_section_says_why_it_is_missing():
+    cpu = config_with_inputs(train={"device": "cpu", "colocate_all": True}, actor={"num_gpus_per_node": 1},
+                             ref={"num_gpus_per_node": 1}, algo={"advantage": {"estimator": "reinforce"}})
+    assert render_plan(cpu, 139.8).splitlines()[-1] == (
+        "memory: the memory plan applies to GPU runs (--train.device cuda); skipped on cpu")
+    unknown = config(actor={"model_name_or_path": "acme/llm-7b"})
+    assert render_plan(unknown, 139.8).splitlines()[-1].startswith(
+        "memory: no estimate: actor.model_name_or_path has no known model shape for the memory plan: "
+        "got 'acme/llm-7b'")
+
+
+def test_preflight_refuses_a_plan_that_does_not_fit():
+    cfg = config(actor={"model_name_or_path": "Qwen/Qwen3-8B", "num_gpus_per_node": 1},
+                 ref={"num_gpus_per_node": 1}, vllm={"num_engines": 1, "gpu_memory_utilization": 0.5},
+                 train={"colocate_all": True}, ds={"zero_stage": 0})
+    memory = [p for p in preflight_problems(cfg, 1, gpu_total_gib=139.8) if p.startswith("GPU memory: ")]
+    assert len(memory) == 1
+    # 8.19e9 parameters · 12 bytes of fp32 master weights and Adam moments, unpartitioned
+    assert memory[0].startswith("GPU memory: does not fit: needs ")
+    assert memory[0].endswith("largest term: actor optimizer states (91.54 GiB), in phase train; "
+                              "`hybrid plan` lists every term")
+    assert not any(p.startswith("GPU memory") for p in preflight_problems(cfg, 1))  # no GPU size: no check
+    assert not any(p.startswith("GPU memory") for p in preflight_problems(cfg, 1, gpu_total_gib=2000.0))
+
+
+def _fake_nvidia_smi(monkeypatch, answers: dict[str, tuple[int, str]]):
+    from hybrid_core import plan
+
+    def run(args, **_):
+        query = args[1].removeprefix("--query-gpu=")
+        returncode, stdout = answers[query]
+        return subprocess.CompletedProcess(args, returncode, stdout, "")
+
+    monkeypatch.setattr(plan.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(plan.subprocess, "run", run)
+
+
+def test_gpu_memory_from_nvidia_smi(monkeypatch):
+    from hybrid_core.plan import gpu_memory_gib
+
+    # an H200: 143771 MiB total, 588 MiB reserved by the driver → 143183 MiB = 139.83 GiB; the smaller GPU counts
+    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (0, "143771, 588\n143771, 600\n")})
+    assert gpu_memory_gib() == pytest.approx((143771 - 600) / 1024, rel=0, abs=1e-9)
+    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (0, "81559, [N/A]\n"),
+                                   "memory.total": (0, "81559\n")})
+    assert gpu_memory_gib() == pytest.approx(81559 / 1024, rel=0, abs=1e-9)
+    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (6, "Field is not a valid field\n"),
+                                   "memory.total": (9, "")})
+    assert gpu_memory_gib() is None
+    monkeypatch.setattr("hybrid_core.plan.shutil.which", lambda name: None)
+    assert gpu_memory_gib() is None

@@ -1,0 +1,206 @@
+"""memory_plan: model shapes (table and config.json), per-role bytes by ZeRO stage, phases with and without sleep."""
+import json
+
+import pytest
+
+from hybrid_core.config import RunConfig
+from hybrid_core.memory_plan import (GIB, ModelShape, estimate_memory, fit_summary, model_shape, render_memory,
+                                     trainer_bytes)
+
+H200_GIB = 139.8
+
+# Qwen3-1.7B by hand (its config.json: hidden 2048, intermediate 6144, 28 layers, 16 heads, 8 KV heads, head_dim 128,
+# vocab 151936, tied): embedding 151936·2048 = 311,164,928; per layer q 2048·2048 = 4,194,304, k and v
+# 2048·1024 = 2,097,152 each, o 4,194,304, MLP 3·2048·6144 = 37,748,736, norms 2·2048 + 2·128 = 4,352 →
+# 50,336,000; 28 layers 1,409,408,000; final norm 2,048. Tied: 1,720,574,976 (transformers counts the same).
+QWEN3_1_7B_PARAMS = 1_720_574_976
+QWEN3_1_7B_UNTIED = QWEN3_1_7B_PARAMS + 311_164_928
+
+
+def config(world: int = 1, **blocks) -> RunConfig:
+    """A colocated Qwen3-1.7B run on `world` GPUs (one vLLM engine per GPU) plus `blocks` merged in."""
+    base = {"actor": {"model_name_or_path": "Qwen/Qwen3-1.7B", "num_gpus_per_node": world},
+            "ref": {"num_gpus_per_node": world}, "vllm": {"num_engines": world},
+            "train": {"colocate_all": True}, "data": {"max_len": 2048},
+            "algo": {"advantage": {"estimator": "reinforce"}, "kl": {"init_coef": 0.0}}}
+    for ns, block in blocks.items():
+        base[ns] = base.get(ns, {}) | block
+    return RunConfig.model_validate(base)
+
+
+def terms(phase) -> dict[str, float]:
+    return {term.name: term.gib for term in phase.terms}
+
+
+def test_qwen3_1_7b_parameters_by_hand():
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    assert shape.tie_word_embeddings
+    assert shape.num_params == QWEN3_1_7B_PARAMS
+    assert shape.num_params == pytest.approx(1.72e9, rel=2e-3)  # the public figure, tied
+    untied = ModelShape(**{**shape.__dict__, "tie_word_embeddings": False})
+    assert untied.num_params == QWEN3_1_7B_UNTIED
+    assert untied.num_params == pytest.approx(2.03e9, rel=2e-3)  # the public figure counted untied
+    assert shape.non_embedding_params == 1_409_408_000 + 2_048  # "1.4B non-embedding" on the model card
+
+
+def test_qwen3_8b_is_untied():
+    # embedding 151936·4096 = 622,329,856, twice (lm_head untied); per layer 2·4096² + 2·4096·1024 + 3·4096·12288
+    # + 2·4096 + 2·128 = 192,946,432, × 36 = 6,946,071,552; final norm 4,096 → 8,190,735,360 ("8.2B", 6.95B non-emb.)
+    shape = model_shape("Qwen/Qwen3-8B")
+    assert shape.num_params == 8_190_735_360
+    assert shape.non_embedding_params == 6_946_071_552 + 4_096
+
+
+@pytest.mark.parametrize(("stage", "weights", "grads", "optimizer", "step"), [
+    # bytes per parameter over 2^30, world 4: bf16 weights 2, grads 2, fp32 master + Adam moments 12, step 8
+    (0, 3.2048206329, 3.2048206329, 19.2289237976, 12.8192825317),  # nothing partitioned
+    (1, 3.2048206329, 3.2048206329, 4.8072309494, 3.2048206329),    # optimizer states and the step ÷ 4
+    (2, 3.2048206329, 0.8012051582, 4.8072309494, 3.2048206329),    # and gradients ÷ 4
+    (3, 0.8012051582, 0.8012051582, 4.8072309494, 3.2048206329),    # and weights ÷ 4 (430M < one sub-group)
+])
+def test_zero_stage_divides_by_world_size(stage, weights, grads, optimizer, step):
+    b = trainer_bytes(config(world=4, ds={"zero_stage": stage}), model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
+    got = (b.weights, b.gradients, b.optimizer, b.step)
+    assert got == pytest.approx((weights, grads, optimizer, step), rel=0, abs=1e-9)
+
+
+def test_zero3_steps_one_sub_group_at_a_time():
+    # one GPU: the partition is all 1.72e9 parameters, but the optimizer steps groups of 1e9: 8e9 bytes at once
+    b = trainer_bytes(config(ds={"zero_stage": 3}), model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
+    assert b.step == pytest.approx(8e9 / GIB, rel=0, abs=1e-9)
+
+
+def test_adam_offload_keeps_the_optimizer_off_the_gpu():
+    plan = estimate_memory(config(ds={"adam_offload": True}), H200_GIB)
+    train = terms(plan.phases[2])
+    assert "actor optimizer states" not in train and "actor optimizer step" not in train
+    assert train["actor gradients"] == pytest.approx(3.2048206329, rel=0, abs=1e-9)
+
+
+def test_activations_and_logits_by_hand():
+    # 2048 tokens, bf16, no checkpointing: per layer 12·2048 + 14·2048 + 12·1024 + 8·6144 = 114,688 bytes/token,
+    # × 28 layers × 2048 tokens = 6.125 GiB; logits 2048 · 151936 · 18 bytes = 5.2163 GiB
+    b = trainer_bytes(config(), model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
+    assert (b.activations, b.logits) == pytest.approx((6.125, 5.21630859375), rel=0, abs=1e-9)
+    # checkpointed: the 28 layer inputs (2048 · 2 bytes each) + one recomputed layer (114,688 bytes) per token
+    cp = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "gradient_checkpointing_enable": True}),
+                       model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
+    assert cp.activations == pytest.approx(2048 * (28 * 4096 + 114_688) / GIB, rel=0, abs=1e-9)
+    # an entropy bonus in the loss keeps the softmax: 24 bytes per logit
+    ent = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "entropy_coef": 0.01}),
+                        model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
+    assert ent.logits == pytest.approx(2048 * 151936 * 24 / GIB, rel=0, abs=1e-9)
+
+
+def test_dynamic_batch_counts_the_budget_or_one_longer_sample():
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    budget = trainer_bytes(config(train={"colocate_all": True, "dynamic_batch_enable": True,
+                                         "max_tokens_per_gpu": 8192}), shape, has_logits=True)
+    assert budget.logits == pytest.approx(8192 * 151936 * 18 / GIB, rel=0, abs=1e-9)
+    long = trainer_bytes(config(train={"colocate_all": True, "dynamic_batch_enable": True,
+                                       "max_tokens_per_gpu": 1024}), shape, has_logits=True)
+    assert long.logits == pytest.approx(2048 * 151936 * 18 / GIB, rel=0, abs=1e-9)  # a 2048-token sample alone
+
+
+def test_sleep_leaves_vllm_setting_the_peak_in_the_rollout_phase():
+    plan = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.8},
+                                  ds={"enable_sleep": True}), H200_GIB)
+    assert [p.name for p in plan.phases] == ["rollout", "experience", "train"]
+    assert plan.peak_phase.name == "rollout"
+    # 0.8 · 139.8 = 111.84; bf16 weights 3.2048; contexts of actor and vLLM 2 · 0.5; DeepSpeed buffers 0.8;
+    # two sync buffers of the embedding 151936 · 2048 · 2 bytes = 2 · 0.5796 GiB
+    assert terms(plan.phases[0]) == pytest.approx({
+        "vLLM reservation": 111.84, "actor weights": 3.2048206329, "CUDA contexts": 1.0,
+        "DeepSpeed NCCL/cuBLAS buffers": 0.8, "actor weight-sync buffers": 1.1591796875}, rel=0, abs=1e-9)
+    assert plan.peak_gib == pytest.approx(111.84 + 3.2048206329 + 1.0 + 0.8 + 1.1591796875, rel=0, abs=1e-9)
+    assert "vLLM reservation" not in terms(plan.phases[2])  # asleep while DeepSpeed trains
+    assert plan.fits and plan.largest_term.name == "vLLM reservation"
+
+
+def test_sleep_with_a_small_reservation_leaves_deepspeed_setting_the_peak():
+    plan = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.2},
+                                  ds={"enable_sleep": True}, train={"colocate_all": True, "micro_batch_size": 8},
+                                  actor={"gradient_checkpointing_enable": True}), H200_GIB)
+    assert plan.peak_phase.name == "train"
+    assert plan.largest_term.name == "actor logits"  # 8 · 2048 · 151936 · 18 bytes = 41.73 GiB
+    assert plan.largest_term.gib == pytest.approx(8 * 5.21630859375, rel=0, abs=1e-9)
+
+
+def test_without_sleep_every_term_adds_up():
+    plan = estimate_memory(config(vllm={"num_engines": 1, "gpu_memory_utilization": 0.5}), H200_GIB)
+    rollout, _, train = plan.phases
+    assert rollout.total_gib == pytest.approx(train.total_gib, rel=0, abs=1e-9)  # nothing leaves the GPU
+    assert plan.peak_phase.name == "train"
+    # 69.9 vLLM + 3.2048 weights + 3.2048 grads + 19.2289 optimizer + 6.125 activations + 5.2163 logits
+    # + 12.8193 step + 1.0 contexts + 0.8 DeepSpeed buffers + 1.1592 sync buffers
+    expected = 69.9 + 3.2048206329 * 2 + 19.2289237976 + 6.125 + 5.21630859375 + 12.8192825317 + 1.0 + 0.8 \
+        + 1.1591796875
+    assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
+
+
+def test_reference_and_critic_are_counted_where_they_live():
+    plan = estimate_memory(config(algo={"advantage": {"estimator": "gae"}, "kl": {"init_coef": 0.01}},
+                                  ds={"enable_sleep": True}, vllm={"num_engines": 1, "enable_sleep": True}), H200_GIB)
+    assert [p.name for p in plan.phases] == ["rollout", "experience", "train", "critic train"]
+    rollout = terms(plan.phases[0])
+    # no-grad forward of 2048 tokens: 2048 · 151936 · 12 bytes = 3.4775 GiB, kept by the ref worker's cache
+    assert rollout["ref weights"] == pytest.approx(3.2048206329, rel=0, abs=1e-9)
+    assert rollout["ref logprob forward"] == pytest.approx(2048 * 151936 * 12 / GIB, rel=0, abs=1e-9)
+    assert rollout["CUDA contexts"] == 2.0  # actor, vLLM, ref and critic processes
+    assert rollout["DeepSpeed NCCL/cuBLAS buffers"] == pytest.approx(1.6)
+    critic_train = terms(plan.phases[3])
+    assert critic_train["critic optimizer states"] == pytest.approx(19.2289237976, rel=0, abs=1e-9)
+    assert "critic logits" not in critic_train and "actor optimizer states" not in critic_train
+
+
+def test_does_not_fit_names_the_largest_term():
+    plan = estimate_memory(config(actor={"model_name_or_path": "Qwen/Qwen3-8B"}, ds={"zero_stage": 0},
+                                  vllm={"num_engines": 1, "gpu_memory_utilization": 0.5}), H200_GIB)
+    assert not plan.fits
+    # 8,190,735,360 parameters · 12 bytes = 91.54 GiB of fp32 master weights and Adam moments, more than vLLM's 69.9
+    assert plan.largest_term.name == "actor optimizer states"
+    assert plan.largest_term.gib == pytest.approx(91.53860092163086, rel=0, abs=1e-9)
+    assert fit_summary(plan) == (f"does not fit: needs {plan.peak_gib:.2f} GiB of 139.80 GiB; "
+                                 "largest term: actor optimizer states (91.54 GiB)")
+    lines = render_memory(plan)
+    assert f"peak: {plan.peak_gib:.2f} GiB in phase train" in lines
+    assert "  actor optimizer states: 91.54 GiB" in lines
+
+
+def test_render_lists_every_term_of_every_phase():
+    plan = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True}, ds={"enable_sleep": True}), H200_GIB)
+    lines = render_memory(plan)
+    assert lines[0] == f"phase rollout: {plan.phases[0].total_gib:.2f} GiB"
+    assert lines[1] == "  vLLM reservation: 132.81 GiB"  # 0.95 · 139.8
+    assert sum(line.startswith("  ") for line in lines) == sum(len(p.terms) for p in plan.phases)
+    assert f"fits on a 139.80 GiB GPU ({139.8 - plan.peak_gib:.2f} GiB to spare)" in lines
+    assert any(line.startswith("note: vLLM sleeps outside the rollout phase (level 1") for line in lines)
+
+
+def test_unknown_model_names_the_field_and_the_fix():
+    with pytest.raises(ValueError) as err:
+        model_shape("acme/llm-7b")
+    message = str(err.value)
+    assert message.startswith("actor.model_name_or_path has no known model shape for the memory plan: "
+                              "got 'acme/llm-7b'")
+    assert "local HF model directory with a config.json" in message
+    assert "Qwen/Qwen3-0.6B, Qwen/Qwen3-1.7B, Qwen/Qwen3-4B" in message
+    with pytest.raises(ValueError, match=r"^critic.model_name_or_path .*got None"):
+        model_shape(None, "critic.model_name_or_path")
+
+
+def test_local_config_json_is_read(tmp_path):
+    fields = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "vocab_size": 1000, "tie_word_embeddings": False, "model_type": "qwen3"}
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    shape = model_shape(str(tmp_path))
+    # no num_key_value_heads: as many as the heads; no head_dim: 64 / 4 = 16
+    assert shape == ModelShape(64, 128, 2, 4, 4, 16, 1000, False)
+    # 2 · 1000·64 + 2 · (4 · 64·64 + 3 · 64·128 + 2·64 + 2·16) + 64 = 128,000 + 2 · 41,120 + 64 = 210,304
+    assert shape.num_params == 210_304
+
+
+def test_config_json_without_decoder_fields_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(ValueError, match="lacks intermediate_size, num_hidden_layers, num_attention_heads"):
+        model_shape(str(tmp_path))

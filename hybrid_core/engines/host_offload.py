@@ -8,14 +8,12 @@ tensor afterwards; this avoids both. The bf16 weights stay on the GPU. It knows 
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
 
 import torch
 
-log = logging.getLogger(__name__)
 ALIGN = 256  # bytes: every state starts on a boundary that any dtype view accepts
 
 
@@ -30,7 +28,10 @@ def _aligned(nbytes: int) -> int:
 
 
 class PinnedHostBuffer:
-    """A page-locked host byte buffer of exact size, registered with CUDA in a background thread."""
+    """A page-locked host byte buffer, allocated through torch's pinned allocator in a background thread.
+
+    (Registering plain memory with cudaHostRegister is exact-sized but leaves a stale registration behind when the
+    memory is freed without unregistering; torch's allocator frees pinned memory correctly.)"""
 
     def __init__(self, num_bytes: int):
         self.num_bytes, self.tensor, self.error, self.seconds = _aligned(num_bytes), None, None, 0.0
@@ -40,12 +41,7 @@ class PinnedHostBuffer:
     def _allocate(self) -> None:
         start = time.perf_counter()
         try:
-            host = torch.empty(self.num_bytes, dtype=torch.uint8)
-            code = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), self.num_bytes, 0))
-            if code != 0:  # registration refused (e.g. locked-memory limits): fall back to torch's pinned allocator
-                log.warning("cudaHostRegister failed (error %d); allocating through torch's pinned allocator", code)
-                host = torch.empty(self.num_bytes, dtype=torch.uint8, pin_memory=True)
-            self.tensor = host
+            self.tensor = torch.empty(self.num_bytes, dtype=torch.uint8, pin_memory=True)
         except Exception as error:  # noqa: BLE001 — re-raised in the caller's thread by `get`
             self.error = error
         self.seconds = time.perf_counter() - start

@@ -33,7 +33,8 @@ def _timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int) -> None:
+def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, parts: str = "gen,sleep,sync",
+               enforce_eager: bool = False) -> None:
     import torch
 
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
@@ -41,17 +42,20 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int) -> N
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     free_before = torch.cuda.mem_get_info()[0]
     settings = EngineSettings(str(model_dir), "bf16", gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-                              enforce_eager=False, enable_sleep=True, sleep_level=1, max_model_len=2048,
+                              enforce_eager=enforce_eager, enable_sleep=True, sleep_level=1, max_model_len=2048,
                               max_num_seqs=PROMPTS * SAMPLES)
     start_s, engine = _timed(lambda: VllmRolloutEngine(settings))
     results.figure("vllm_start_s", start_s, note="LLM(...) with CUDA graphs and torch.compile, multiprocess")
     results.figure("vllm_engine_gib", (free_before - torch.cuda.mem_get_info()[0]) / 2**30)
-    _generation(results, engine, model_dir, copy_gbps, gen_trials)
+    if "gen" in parts:
+        _generation(results, engine, model_dir, copy_gbps, gen_trials)
     sender = _perturbed_policy(model_dir)
     probe = (_ids(1, 32, 5)[0], _ids(1, 256, 6)[0])
     results.figure("sync_check_before_mean_abs_dlogprob", _mean_abs_dlogprob(engine, sender, probe))
-    for level in (1, 2):
+    for level in (1, 2) if "sleep" in parts else ():
         _sleep_level(results, engine, level)
+    if "sync" not in parts:
+        return
     _sync(results, engine, sender)
     results.figure("sync_check_after_mean_abs_dlogprob", _mean_abs_dlogprob(engine, sender, probe),
                    note="vLLM prompt logprobs vs the sender's HF forward, bf16, 256 tokens")

@@ -115,13 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="anchors,ds,vllm")
     parser.add_argument("--git-sha", default=os.environ.get("GIT_SHA", "unknown"))
     parser.add_argument("--gen-trials", type=int, default=2)
+    parser.add_argument("--vllm-parts", default="gen,sleep,sync", help="which vLLM figures: gen, sleep, sync")
+    parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start; not for gen)")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our load function
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
                                  "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
     sections = args.only.split(",")
-    ceilings = anchors(results) if "anchors" in sections or "vllm" in sections else {}
+    ceilings = anchors(results) if "anchors" in sections or "gen" in args.vllm_parts else {"copy_gbps": 0.0}
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" in sections:
         from bench_vllm import bench_vllm
 
-        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials)
+        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials, args.vllm_parts, args.eager)
     print(json.dumps(results.data["figures"], indent=1))
     return 0
 

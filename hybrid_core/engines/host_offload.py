@@ -77,7 +77,7 @@ class OptimizerStateMover:
 
     def __init__(self, zero_optimizer, host: PinnedHostBuffer):
         self.opt, self.host, self.asleep, self._block = zero_optimizer, host, False, None
-        self.last_bytes = 0
+        self.last_bytes, self.last_seconds = 0, {}
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -110,11 +110,28 @@ class OptimizerStateMover:
         return all(slot.get().data_ptr() == base + slot.offset for slot in self._layout) and \
             self._layout[-1].offset + self._layout[-1].nbytes <= self._block.numel()
 
+    def _release_fragment_links(self) -> None:
+        """Drop DeepSpeed's views into the fp32 partitions (gradients, bf16↔fp32 fragment maps), as its
+        `_clear_hp_buffer_references` does but without its full garbage collection (~0.1–0.3 s per call)."""
+        for grads in getattr(self.opt, "offload_gradient_dict", {}).values():
+            if grads is not None:
+                grads.clear()
+        for partition in self.opt.single_partition_of_fp32_groups:
+            partition.grad = None
+        for group in self.opt.bit16_groups:
+            for param in group:
+                mapping = getattr(param, "_hp_mapping", None)
+                if mapping is not None:
+                    mapping.hp_fragment = None
+                    if getattr(mapping, "optim_fragment", None) is not None:
+                        mapping.optim_fragment.clear()
+
     def sleep(self) -> int:
         """Copy every state to the pinned buffer and free the GPU copies; returns the bytes moved."""
         if self.asleep:
             return 0
-        self.opt._clear_hp_buffer_references()
+        start = time.perf_counter()
+        self._release_fragment_links()
         self._layout = self._slots()
         total = self._layout[-1].offset + self._layout[-1].nbytes if self._layout else 0
         host = self.host.get()
@@ -127,10 +144,12 @@ class OptimizerStateMover:
             for slot in self._layout:
                 self._view(host, slot).copy_(slot.get(), non_blocking=True)
         torch.cuda.synchronize()
+        copied = time.perf_counter()
         for slot in self._layout:
             slot.set(self._view(host, slot))
         self._block, self.asleep, self.last_bytes = None, True, total
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # the freed memory goes back to the driver, for vLLM's process
+        self.last_seconds = {"copy": copied - start, "release": time.perf_counter() - copied}
         return total
 
     def wake_up(self) -> int:

@@ -8,6 +8,7 @@ It knows nothing about Ray, the store or rewards.
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -73,10 +74,14 @@ def _load_cuda(worker, named):
     worker.get_model().load_weights(iter((n, t.to(device, non_blocking=True)) for n, t in named))
 
 
-def _load_shared(worker, shared):
-    """Open a CUDA IPC bucket in the worker's process (cached across syncs) and load its tensors in place."""
+def _load_shared(worker, pickled: bytes):
+    """Open a CUDA IPC bucket in the worker's process (cached across syncs) and load its tensors in place.
+    The bucket arrives pickled: vLLM's RPC encoder would turn the dataclass into a dict."""
+    import pickle
+
     from hybrid_core.engines.weight_sync import open_shared_bucket, unflatten
 
+    shared = pickle.loads(pickled)  # noqa: S301 — our own bytes, from the actor process on this machine
     worker.get_model().load_weights(iter(unflatten(open_shared_bucket(shared))))
     torch.cuda.synchronize()  # the sender reuses the bucket's memory once this call returns
 
@@ -184,7 +189,7 @@ class VllmRolloutEngine:
         """Load a bucket another process shares through CUDA IPC (`weight_sync.SharedBucket`), without a copy."""
         if "weights" not in self.awake:
             raise EngineAsleepError("wake_up(['weights']) before loading weights")
-        self.llm.collective_rpc(_load_shared, args=(shared,))
+        self.llm.collective_rpc(_load_shared, args=(pickle.dumps(shared),))
 
     def finish_weight_update(self, full: bool = True) -> None:
         """Apply buffered CPU weights; cached prefixes were computed with the old weights, so they are dropped

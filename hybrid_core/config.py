@@ -108,7 +108,8 @@ class VllmConfig(ConfigBlock):
     enforce_eager: bool = Field(False, description="disable CUDA graphs")
     enable_sleep: bool = Field(False, description="sleep vLLM between rollouts")
     gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="vLLM share of GPU memory")
-    sync_bucket_mb: int = Field(256, gt=0, description="PROJECT: weight-sync bucket size in MiB")
+    sync_bucket_mb: int = Field(1024, gt=0, description="PROJECT: weight-sync bucket size in MiB (H200, 1.7B: "
+                                "1024 MiB buckets sync in 0.031 s, 256 MiB in 0.053 s)")
     sleep_level: Literal[1, 2] = Field(1, description="PROJECT: vLLM sleep level (2 also drops weights)")
     max_num_seqs: int | None = Field(None, gt=0, description="PROJECT: sequences decoded at once (None: vLLM's "
                                      "default, 1024 on H100/H200-class GPUs)")

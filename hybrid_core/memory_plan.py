@@ -268,7 +268,8 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
     if roles.vllm_gib and (name == "rollout" or not cfg.vllm.enable_sleep):
         terms.append(Term("vLLM reservation", roles.vllm_gib))
     terms += _trainer_terms("actor", roles.actor, name, "train", cfg.ds.enable_sleep)
-    terms += roles.ref
+    if roles.ref:  # the reference empties PyTorch's cache after its forwards: the forward counts where it runs
+        terms += roles.ref if name == "experience" else roles.ref[:1]
     if roles.critic is not None:
         terms += _trainer_terms("critic", roles.critic, name, "critic train", cfg.ds.enable_sleep)
     return Phase(name, (*terms, *roles.resident))
@@ -279,7 +280,7 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
 
     Phases: rollout (vLLM generates), experience (no-grad logprob forwards), train (the actor's update) and, with a
     critic, critic train. vLLM reserves `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache
-    and activations. The reference model keeps its weights and, in PyTorch's cache, its largest logprob forward.
+    and activations. The reference model keeps its weights; its logprob forward counts in the experience phase.
 
     Args:
         roles: the roles placed on the actor's GPUs ("actor", "ref", "critic", "rollout"); default `cfg.roles`,
@@ -326,9 +327,6 @@ def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int
     if cfg.ds.enable_sleep:
         notes.append(f"DeepSpeed sleeps outside its train phase: optimizer states wait in pinned host memory "
                      f"({actor.optimizer:.2f} GiB of RAM per GPU for the actor)")
-    if "ref" in roles:
-        notes.append("the reference worker never empties PyTorch's cache: its largest logprob forward stays "
-                     "reserved in every phase")
     if "reward" in roles:
         notes.append("the reward model is not estimated")
     return tuple(notes)

@@ -60,4 +60,9 @@ class FrozenModel:
         self.pad_id = pad_id
 
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
-        return batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching)
+        """Response logprobs; on a GPU the forward's cached blocks go back to the driver afterwards, since the
+        rollout engine (another process) needs that memory next."""
+        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return result

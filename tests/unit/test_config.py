@@ -31,7 +31,7 @@ def test_defaults_match_openrlhf_0_11():
     assert cfg.reward.clip_range == (-10.0, 10.0)
     assert (cfg.reward.timeout_s, cfg.reward.max_retries) == (180.0, 5)
     assert (cfg.vllm.num_engines, cfg.vllm.gpu_memory_utilization, cfg.vllm.sync_backend) == (None, 0.95, "nccl")
-    assert (cfg.vllm.sync_bucket_mb, cfg.vllm.sleep_level) == (256, 1)
+    assert (cfg.vllm.sync_bucket_mb, cfg.vllm.sleep_level) == (1024, 1)
     assert (cfg.ds.zero_stage, cfg.ds.param_dtype, cfg.ds.attn_implementation) == (2, "bf16", "flash_attention_2")
     assert cfg.ds.lora.target_modules == ["all-linear"] and (cfg.ds.lora.rank, cfg.ds.lora.alpha) == (0, 16)
     assert (cfg.algo.advantage.estimator, cfg.algo.advantage.is_correction_threshold) == ("gae", (0.5, 5.0))

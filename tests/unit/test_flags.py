@@ -123,8 +123,8 @@ def test_seed_recipe_namespaces_dump_as_typed_dicts():
     assert dump["ref"] == {"num_nodes": 1, "num_gpus_per_node": 4, "offload": False}
     assert dump["vllm"] == {"num_engines": 2, "tensor_parallel_size": 2, "sync_backend": "nccl",
                             "sync_with_ray": False, "enable_prefix_caching": False, "enforce_eager": True,
-                            "enable_sleep": True, "gpu_memory_utilization": 0.7, "sync_bucket_mb": 256,
-                            "sleep_level": 1}
+                            "enable_sleep": True, "gpu_memory_utilization": 0.7, "sync_bucket_mb": 1024,
+                            "sleep_level": 1, "max_num_seqs": None}
     assert dump["algo"] == {
         "advantage": {"estimator": "reinforce_baseline", "gamma": 1.0, "lambd": 1.0, "no_std_norm": False,
                       "is_correction_enable": True, "is_correction_threshold": (0.5, 5.0),
@@ -229,7 +229,7 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 174  # 172 fields + --actor.muon.no_nesterov + --critic.muon.no_nesterov
+    assert len(names) == 175  # 173 fields + --actor.muon.no_nesterov + --critic.muon.no_nesterov
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]
     assert {"--vllm.enable_sleep", "--critic.muon.no_nesterov", "--logger.wandb.project", "--use_ms"} <= set(names)
     assert "--config" not in names and len(set(names)) == len(names)

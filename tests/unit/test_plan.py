@@ -178,7 +178,7 @@ def test_preflight_refuses_a_plan_that_does_not_fit():
     assert len(memory) == 1
     # 8.19e9 parameters · 12 bytes of fp32 master weights and Adam moments, unpartitioned
     assert memory[0].startswith("GPU memory: does not fit: needs ")
-    assert memory[0].endswith("largest term: actor optimizer states (91.54 GiB), in phase train; "
+    assert memory[0].endswith("largest term: actor optimizer states (91.54 GiB), in phase experience; "
                               "`hybrid plan` lists every term")
     assert not any(p.startswith("GPU memory") for p in preflight_problems(cfg, 1))  # no GPU size: no check
     assert not any(p.startswith("GPU memory") for p in preflight_problems(cfg, 1, gpu_total_gib=2000.0))

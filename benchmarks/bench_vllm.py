@@ -34,7 +34,8 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, parts: str = "gen,sleep,sync",
-               enforce_eager: bool = False) -> None:
+               enforce_eager: bool = False, tag: str = "1p7b") -> None:
+    """`tag` names the model in the sync figures (`sync_<tag>_s`, …)."""
     import torch
 
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
@@ -56,7 +57,7 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
         _sleep_level(results, engine, level)
     if "sync" not in parts:
         return
-    _sync(results, engine, sender)
+    _sync(results, engine, sender, tag)
     results.figure("sync_check_after_mean_abs_dlogprob", _mean_abs_dlogprob(engine, sender, probe),
                    note="vLLM prompt logprobs vs the sender's HF forward, bf16, 256 tokens")
 
@@ -139,7 +140,7 @@ def _mean_abs_dlogprob(engine, model, probe) -> float:
     return sum(abs(a - b) for a, b in zip(served, trained)) / len(served)
 
 
-def _sync(results, engine, model) -> None:
+def _sync(results, engine, model, tag: str) -> None:
     """Bucketed IPC sync (persistent buffers, 256 and 1024 MiB buckets) vs one IPC transfer + load per tensor."""
     import torch
 
@@ -156,13 +157,13 @@ def _sync(results, engine, model) -> None:
                 engine.load_shared_bucket(share_bucket(bucket))
             engine.finish_weight_update()
         times = [_timed(bucketed)[0] for _ in range(SYNC_TRIALS)]
-        name = "sync_1p7b_s" if bucket_mb == 1024 else f"sync_1p7b_s_{bucket_mb}mb"
+        name = f"sync_{tag}_s" if bucket_mb == 1024 else f"sync_{tag}_s_{bucket_mb}mb"
         results.figure(name, statistics.median(times[1:]), trials=times,
                        note=f"{bucket_mb} MiB buckets, median of calls 2..{SYNC_TRIALS} (call 1 opens the handles)")
         del buffers
     times = [_timed(lambda: _per_param_sync(engine, model))[0] for _ in range(PER_PARAM_TRIALS)]
-    results.figure("sync_1p7b_per_param_s", statistics.median(times), trials=times)
-    results.figure("sync_1p7b_vs_per_param", results.data["figures"]["sync_1p7b_s"] / statistics.median(times))
+    results.figure(f"sync_{tag}_per_param_s", statistics.median(times), trials=times)
+    results.figure(f"sync_{tag}_vs_per_param", results.data["figures"][f"sync_{tag}_s"] / statistics.median(times))
 
 
 def _per_param_sync(engine, model) -> None:

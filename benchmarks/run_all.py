@@ -3,8 +3,12 @@
 Figures (issue #6), each beside its baseline from the same run: DeepSpeed sleep/wake through persistent pinned
 buffers vs DeepSpeed's `offload_states`; vLLM sleep/wake at levels 1 and 2; bucketed CUDA IPC weight sync into
 vLLM vs one transfer per tensor; rollout generation vs a decode roofline from the device copy bandwidth measured here.
+Issue #7's sections (→ h200-train-<date>.json): `train` (MFU through fit_actor, packed 1.7B and 4B, padded 1.7B),
+`sync4b` (bucketed vs per-tensor sync of the 4B shape), `memory` (plan vs measured peak, two configurations) and
+`iteration` (three colocated `hybrid train` iterations, seconds per stage).
 Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
+  python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
 from __future__ import annotations
@@ -117,13 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-trials", type=int, default=2)
     parser.add_argument("--vllm-parts", default="gen,sleep,sync", help="which vLLM figures: gen, sleep, sync")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start; not for gen)")
+    parser.add_argument("--model-4b", type=Path, help="a Qwen3-4B stand-in, for train_mfu_4b and sync_4b")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our load function
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
                                  "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
     sections = args.only.split(",")
-    ceilings = anchors(results) if "anchors" in sections or "gen" in args.vllm_parts else {"copy_gbps": 0.0}
+    needs_anchors = {"anchors", "train"} & set(sections) or ("vllm" in sections and "gen" in args.vllm_parts)
+    ceilings = anchors(results) if needs_anchors else {"copy_gbps": 0.0}
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 
@@ -132,8 +139,32 @@ def main(argv: list[str] | None = None) -> int:
         from bench_vllm import bench_vllm
 
         bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials, args.vllm_parts, args.eager)
-    print(json.dumps(results.data["figures"], indent=1))
+    run_train_sections(results, args, sections, ceilings)
+    print(json.dumps(results.data["figures"], indent=1, default=str))
     return 0
+
+
+def run_train_sections(results: Results, args, sections: list[str], ceilings: dict) -> None:
+    """Issue #7's figures; each section is independent, so one failing leaves the others' figures."""
+    if "train" in sections:
+        from bench_train import bench_train_mfu
+
+        bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"], packed=True)
+        bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"], packed=False)
+        if args.model_4b:
+            bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"], packed=True)
+    if "sync4b" in sections and args.model_4b:
+        from bench_vllm import bench_vllm
+
+        bench_vllm(results, args.model_4b, 0.0, 0, "sync", enforce_eager=True, tag="4b")
+    if "memory" in sections:
+        from bench_iteration import bench_memory
+
+        bench_memory(results, args.model, args.work_dir, results.data["meta"]["versions"]["gpu_total_gib"])
+    if "iteration" in sections:
+        from bench_iteration import bench_iteration
+
+        bench_iteration(results, args.model, args.work_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""The product on one GPU: `hybrid train` runs (Prefect flow on the embedded server, Ray workers sharing the GPU,
+vLLM, DeepSpeed, a Python reward), timed per stage, and the memory plan's peak checked against the measured one.
+
+- iteration: 3 steps on the stand-in; per step the stages' seconds (rollout, reward, advantage, train, sync) with
+  the sleep/wake inside them, and the wall between consecutive metrics commits (events.jsonl). Steps 2–3 count
+  (step 1 warms up). Overhead = vLLM sleep + wake + DeepSpeed sleep + wake + sync + orchestration (wall − stages).
+- memory: two configurations, one where vLLM's reservation sets the peak and one where DeepSpeed's training does;
+  the measured peak is the largest `memory.used` that `nvidia-smi -lms 50` reports during the run (a sampler that
+  opens no CUDA context of its own), against `hybrid plan`'s estimate for the same configuration.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = REPO_ROOT / "benchmarks" / "configs"
+OVERHEAD_KEYS = ("timing_s/vllm_wake", "timing_s/vllm_sleep", "timing_s/ds_wake", "timing_s/ds_sleep", "timing_s/sync")
+STAGES = ("rollout", "reward", "advantage", "train", "sync")
+
+
+class GpuMemorySampler:
+    """Largest GPU memory in use (MiB) while running, sampled every 50 ms by nvidia-smi."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                         "-lms", "50"], stdout=subprocess.PIPE, text=True)
+        self.peak_mib, self.samples = 0, 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.strip().isdigit():
+                self.peak_mib, self.samples = max(self.peak_mib, int(line)), self.samples + 1
+
+    def stop(self) -> tuple[float, int]:
+        self.process.terminate()
+        self.thread.join(timeout=5)
+        return self.peak_mib / 1024, self.samples
+
+
+def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str) -> Path:
+    """`hybrid train` in a child process; returns the run directory (fails with the child's output)."""
+    env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "RAY_AUTH_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--run_id", run_id,
+           "--actor.model_name_or_path", str(model_dir), "--store.root", str(root / "runs"), *flags]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=580)
+    (root / f"{run_id}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"hybrid train {run_id} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return root / "runs" / run_id
+
+
+def step_rows(run_dir: Path) -> dict[int, dict]:
+    import pyarrow.dataset as pds
+
+    rows = {}
+    for path in sorted((run_dir / "steps").iterdir(), key=lambda p: int(p.name)):
+        rows[int(path.name)] = pds.dataset(str(path / "metrics"), format="parquet").to_table().to_pylist()[0]
+    return rows
+
+
+def step_walls(run_dir: Path) -> dict[int, float]:
+    """Seconds between the metrics commits of consecutive steps (step k's whole iteration, orchestration included)."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    done = {e["step"]: e["time"] for e in events if e["stage"] == "metrics" and e["event"] == "commit"}
+    return {k: done[k] - done[k - 1] for k in sorted(done) if k - 1 in done}
+
+
+def bench_iteration(results, model_dir: Path, root: Path) -> None:
+    run_dir = run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration")
+    rows, walls = step_rows(run_dir), step_walls(run_dir)
+    timed = [k for k in sorted(walls) if k >= 2]
+    stage_s = {s: statistics.fmean(rows[k][f"timing_s/{s}"] for k in timed) for s in STAGES}
+    for key in OVERHEAD_KEYS[:4]:
+        stage_s[key.split("/")[1]] = statistics.fmean(rows[k].get(key, 0.0) for k in timed)
+    wall = statistics.fmean(walls[k] for k in timed)
+    orchestration = wall - sum(stage_s[s] for s in STAGES)
+    overhead = sum(stage_s[k.split("/")[1]] for k in OVERHEAD_KEYS) + orchestration
+    results.figure("iteration_wall_s", wall, trials={k: walls[k] for k in sorted(walls)})
+    results.figure("iteration_stage_s", stage_s | {"orchestration": orchestration},
+                   trials={k: {s: rows[k].get(f"timing_s/{s}") for s in STAGES} for k in rows})
+    results.figure("iteration_overhead_s", overhead, note="vLLM sleep+wake, DeepSpeed sleep+wake, sync, orchestration")
+    results.figure("iteration_overhead_fraction", overhead / wall)
+
+
+def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float) -> None:
+    from hybrid_core.flags import parse_cli
+    from hybrid_core.memory_plan import estimate_memory
+
+    for name in ("vllm-peak", "ds-peak"):
+        config = CONFIGS / f"h200-memory-{name}.yaml"
+        cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir)])
+        plan = estimate_memory(cfg, gpu_total_gib)
+        sampler = GpuMemorySampler()
+        try:
+            run_train(config, model_dir, root, f"memory-{name}")
+        finally:
+            measured, samples = sampler.stop()
+        key = name.replace("-", "_")
+        results.figure(f"plan_peak_gib_{key}", plan.peak_gib, note=f"phase {plan.peak_phase.name}, largest term "
+                                                                  f"{plan.largest_term.name}")
+        results.figure(f"measured_peak_gib_{key}", measured, note=f"{samples} nvidia-smi samples at 50 ms")
+        results.figure(f"plan_vs_measured_{key}", plan.peak_gib / measured - 1)

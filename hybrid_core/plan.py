@@ -25,7 +25,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "reward.remote_url", "reward.clip_range", "reward.timeout_s", "reward.max_retries",
     "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.enable_sleep", "vllm.sleep_level",
     "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_bucket_mb",
-    "vllm.max_num_seqs",
+    "vllm.max_num_seqs", "vllm.sync_backend", "train.colocate_actor_ref", "train.colocate_critic_reward",
     "ds.zero_stage", "ds.param_dtype", "ds.enable_sleep",
     "algo.advantage.estimator", "algo.advantage.no_std_norm", "algo.kl.init_coef", "algo.kl.estimator",
     "algo.kl.use_loss",
@@ -146,6 +146,32 @@ def make_placement(cfg: RunConfig) -> Placement:
     return Placement(tuple(groups), cfg.vllm.num_engines or 0, cfg.vllm.tensor_parallel_size, cfg.train.device)
 
 
+def role_bundles(cfg: RunConfig) -> tuple[int, dict[str, tuple[int, float]]]:
+    """The run's placement-group bundle count and each role's (bundle index, share): the groups of
+    `make_placement` one after another, each role asking its share of its group's bundle. On CPU the bundles split
+    one logical CPU (vLLM and torch bind their own threads); without vllm.num_engines the engine sits beside the
+    actor."""
+    layout = make_placement(cfg)
+    num_bundles = max(1, layout.num_bundles)
+    cpu_per_bundle = math.floor(1000 / num_bundles) / 1000
+    bundles, offset = {}, 0
+    for group in layout.groups:
+        share = group.gpu_share if cfg.train.device == "cuda" else round(cpu_per_bundle / len(group.roles), 3)
+        bundles |= {role: (offset, share) for role in group.roles}
+        offset += group.num_bundles
+    bundles.setdefault("rollout", bundles["actor"])
+    return num_bundles, bundles
+
+
+def sync_transport(cfg: RunConfig) -> str:
+    """How weights reach the rollout engine: Ray's object store (colocated on CPU), CUDA IPC (colocated on a GPU)
+    or a process group's broadcast, `process_group:<backend>` (distributed mode: the engine has its own devices)."""
+    group = make_placement(cfg).group_of("rollout")
+    if group is None or "actor" in group.roles:
+        return "cuda_ipc" if cfg.train.device == "cuda" else "object_store"
+    return "process_group:" + ("gloo" if cfg.train.device == "cpu" else cfg.vllm.sync_backend)
+
+
 def not_implemented(cfg: RunConfig) -> list[str]:
     """Every set flag whose behaviour does not exist yet, and every choice whose value is not implemented.
 
@@ -242,7 +268,8 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:
-    """Shapes of runs whose code path does not exist yet (TODO(#6): multi-rank DeepSpeed, several engines)."""
+    """Shapes of runs whose code path does not exist yet: multi-rank DeepSpeed on GPUs, several engines or TP > 1
+    (they need machines of several GPUs, not lent here yet)."""
     problems = []
     if cfg.train.device == "cuda" and cfg.actor_world_size > 1:
         problems.append(f"not implemented yet: more than one actor rank on GPUs (got {cfg.actor_world_size}); "
@@ -250,8 +277,6 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
     if (cfg.vllm.num_engines or 1) > 1 or cfg.vllm.tensor_parallel_size > 1:
         problems.append("not implemented yet: more than one vLLM engine or TP > 1; use --vllm.num_engines 1 "
                         "--vllm.tensor_parallel_size 1")
-    if not cfg.train.colocate_all:
-        problems.append("not implemented yet: separate GPU groups per role; add --train.colocate_all")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
         problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")

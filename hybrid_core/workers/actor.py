@@ -28,8 +28,10 @@ from hybrid_core.engines.experience_maker import ExperienceSources, experience_s
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.sync_group import WeightSyncGroup
 from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
 from hybrid_core.types import RunRef, StageResult
+from hybrid_core.workers.placement import free_port
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class ActorWorkerArgs:
     ckpt_root: str
     save_hf: bool
     max_num: int
+    sync_transport: str = "object_store"  # | "cuda_ipc" | "process_group:<nccl|gloo>" (see launch.sync_transport)
 
 
 VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s")  # wall-clock figures: excluded from hashes and replay checks
@@ -157,8 +160,10 @@ class ActorWorker:
         """CPU: buckets by value through Ray. GPU: buckets packed into persistent buffers and passed as CUDA IPC
         handles, the next bucket packed while the rollout engine loads the previous one. Returns the bytes sent."""
         module, budget, timeout = self.engine.module, self.args.sync_bucket_bytes, self.run.stage_timeout_s
-        device = next(module.parameters()).device
-        if device.type != "cuda":
+        device, transport = next(module.parameters()).device, self.args.sync_transport
+        if transport.startswith("process_group:"):
+            return self._broadcast_buckets(rollout, transport.split(":", 1)[1])
+        if transport == "object_store":
             return sum(ray.get(rollout.load_bucket.remote(b), timeout=timeout)
                        for b in iter_buckets(module, budget, self.engine.is_zero3))
         if self.bucket_buffers is None:
@@ -172,6 +177,24 @@ class ActorWorker:
                 return sent + sum(ray.get(list(pending), timeout=timeout))
             torch.cuda.synchronize()  # the packed bytes are in memory before another process reads them
             pending.append(rollout.load_shared_bucket.remote(share_bucket(bucket)))
+
+    def _broadcast_buckets(self, rollout, backend: str) -> int:
+        """Distributed mode: each bucket is broadcast over the actor↔engine process group while the engine's
+        `receive_bucket` call waits for it. The group is made at the first sync with this rollout worker."""
+        timeout = self.run.stage_timeout_s
+        peer = rollout._actor_id.hex()
+        if getattr(self, "_sync_peer", None) != peer:  # first sync, or a re-created rollout worker
+            host, port = ray.util.get_node_ip_address(), free_port()
+            joined = rollout.join_sync_group.remote(host, port, 2, 1, backend)
+            self._sync_group, self._sync_peer = WeightSyncGroup(host, port, 2, 0, backend, timeout), peer
+            ray.get(joined, timeout=timeout)
+        sent = 0
+        for bucket in iter_buckets(self.engine.module, self.args.sync_bucket_bytes, self.engine.is_zero3):
+            flat = bucket.flat.to(self._sync_group.device)
+            received = rollout.receive_bucket.remote(bucket.entries, flat.numel(), str(flat.dtype))
+            self._sync_group.broadcast(flat)
+            sent += ray.get(received, timeout=timeout)
+        return sent
 
     def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""

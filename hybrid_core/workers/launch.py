@@ -16,6 +16,7 @@ from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
+from hybrid_core.plan import role_bundles, sync_transport
 from hybrid_core.types import RunRef
 from hybrid_core.workers import placement
 from hybrid_core.workers.actor import ActorWorker, ActorWorkerArgs
@@ -95,7 +96,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
                            forward_batching(cfg), train_batching(cfg), total_optimizer_steps(cfg, num_steps),
                            cfg.vllm.sync_bucket_mb * 2**20, cfg.roles, cfg.critic.freezing_steps,
                            placement.extensions_dir(), sink_settings(cfg, run), ckpt_root(cfg, run),
-                           cfg.ckpt.save_hf, cfg.ckpt.max_num)
+                           cfg.ckpt.save_hf, cfg.ckpt.max_num, sync_transport(cfg))
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs:
@@ -104,25 +105,22 @@ def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs
                             total_optimizer_steps(cfg, num_steps), placement.extensions_dir(), ckpt_root(cfg, run))
 
 
-def _share(cfg: RunConfig) -> float:
-    num_roles = len(cfg.roles)  # every role shares bundle 0 of the colocated group
-    return round(min(0.2, 1.0 / num_roles), 3) if cfg.train.device == "cuda" else round(1.0 / num_roles, 3)
-
-
 def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     """Create the run's actors (rollout first: it knows how many steps the data gives) and wait until ready."""
-    pg = placement.RunPlacement(run, cfg.actor_world_size, cfg.train.device == "cpu")
-    slot = placement.Slot(0, _share(cfg))
-    rollout = pg.spawn(RolloutWorker, "rollout", slot, run, rollout_args(cfg))
+    num_bundles, bundles = role_bundles(cfg)
+    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
+    pg = placement.RunPlacement(run, num_bundles, cfg.train.device == "cpu")
+    rollout = pg.spawn(RolloutWorker, "rollout", slots["rollout"], run, rollout_args(cfg))
     info = ray.get(rollout.info.remote(), timeout=placement.READY_TIMEOUT_S)
     num_steps = info["num_steps"]
-    waits = [pg.spawn(ActorWorker, "actor", slot, run, actor_args(cfg, num_steps, run)).ready.remote()]
+    waits = [pg.spawn(ActorWorker, "actor", slots["actor"], run, actor_args(cfg, num_steps, run)).ready.remote()]
     if cfg.uses_ref:
-        ref = pg.spawn(RefWorker, "ref", slot, cfg.actor.model_name_or_path, cfg.ds.param_dtype,
+        ref = pg.spawn(RefWorker, "ref", slots["ref"], cfg.actor.model_name_or_path, cfg.ds.param_dtype,
                        forward_batching(cfg))
         waits.append(ref.ready.remote())
     if cfg.uses_critic:
-        waits.append(pg.spawn(CriticWorker, "critic", slot, run, critic_args(cfg, num_steps, run)).ready.remote())
+        waits.append(pg.spawn(CriticWorker, "critic", slots["critic"], run,
+                              critic_args(cfg, num_steps, run)).ready.remote())
     ray.get(waits, timeout=placement.READY_TIMEOUT_S)
     return info
 

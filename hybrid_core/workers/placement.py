@@ -8,6 +8,7 @@ It knows nothing about Prefect or what the workers compute.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import sys
@@ -87,7 +88,8 @@ class RunPlacement:
 
     def __init__(self, run: RunRef, num_bundles: int, on_cpu: bool):
         self.run, self.on_cpu = run, on_cpu
-        bundle = {"CPU": 1} if on_cpu else {"CPU": 1, "GPU": 1}
+        # on CPU the bundles split one CPU (Ray's CPU count is logical here: vLLM and torch bind their own threads)
+        bundle = {"CPU": math.floor(1000 / num_bundles) / 1000} if on_cpu else {"CPU": 1, "GPU": 1}
         self.pg = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK",
                                   name=f"{run.run_id}/pg", lifetime="detached")
         ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)

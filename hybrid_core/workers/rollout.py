@@ -8,11 +8,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from hybrid_core.data.prompts import PromptSampler, load_prompt_rows
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
+from hybrid_core.engines.sync_group import WeightSyncGroup
 from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
 from hybrid_core.rewards.remote_http import remote_reward_func
 from hybrid_core.rewards.reward_func import load_reward_func
@@ -123,6 +126,18 @@ class RolloutWorker:
         """A bucket the actor shares through CUDA IPC (same GPU, another process): loaded without a copy."""
         self.engine.load_shared_bucket(shared)
         return shared.num_bytes
+
+    def join_sync_group(self, host: str, port: int, world_size: int, rank: int, backend: str) -> bool:
+        """Distributed mode: join the actor's weight-sync process group (blocks until every rank joined)."""
+        self.sync_group = WeightSyncGroup(host, port, world_size, rank, backend, self.run.stage_timeout_s)
+        return True
+
+    def receive_bucket(self, entries: tuple, numel: int, dtype: str) -> int:
+        """Distributed mode: receive one bucket by the actor's broadcast and load it."""
+        flat = torch.empty(numel, dtype=getattr(torch, dtype.removeprefix("torch.")), device=self.sync_group.device)
+        self.sync_group.broadcast(flat)
+        self.engine.load_weights(unflatten(Bucket(entries, flat)))
+        return flat.numel() * flat.element_size()
 
     def end_weight_update(self, policy_version: int) -> int:
         self.engine.finish_weight_update()

@@ -6,6 +6,14 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+def distinct_chars_reward(root) -> str:
+    """A reward that differs between samples, so the first update has non-zero advantages."""
+    reward_file = root / "distinct_chars_reward.py"
+    reward_file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
+                           "    return {'rewards': [len(set(q[len(p):])) / 16 for q, p in zip(queries, prompts)]}\n")
+    return str(reward_file)
+
+
 def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb, strict=True))
 
@@ -18,10 +26,7 @@ def sync_run(request, tmp_path_factory, tiny_model, ray_session):
     from hybrid_core.workers import launch
 
     root = tmp_path_factory.mktemp("sync")
-    # a reward that differs between samples, so the first update has non-zero advantages
-    reward_file = root / "distinct_chars_reward.py"
-    reward_file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
-                           "    return {'rewards': [len(set(q[len(p):])) / 16 for q, p in zip(queries, prompts)]}\n")
+    reward_file = distinct_chars_reward(root)
     cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file),
                        "--ds.zero_stage", str(request.param), "--vllm.sync_bucket_mb", "1")
     run = RunRef(f"sync-test-zero{request.param}", cfg.store.root)
@@ -32,10 +37,46 @@ def sync_run(request, tmp_path_factory, tiny_model, ray_session):
         launch.stop_workers(run)
 
 
+@pytest.fixture(scope="module")
+def distributed_run(tmp_path_factory, tiny_model, ray_session):
+    """Distributed mode on CPU: actor, reference and rollout engine in groups (bundles) of their own, weights
+    broadcast over a gloo process group."""
+    import yaml
+    from conftest import MICRO_FLAGS, REPO_ROOT
+
+    from hybrid_core.flags import parse_cli
+    from hybrid_core.plan import role_bundles, sync_transport
+    from hybrid_core.types import RunRef
+    from hybrid_core.workers import launch
+
+    root = tmp_path_factory.mktemp("distributed")
+    demo = yaml.safe_load((REPO_ROOT / "data" / "demo.yaml").read_text())
+    demo["train"]["colocate_all"], demo["vllm"]["enable_sleep"] = False, False
+    (root / "distributed.yaml").write_text(yaml.safe_dump(demo))
+    cfg = parse_cli(["--config", str(root / "distributed.yaml"), *MICRO_FLAGS[2:], "--store.root", str(root),
+                     "--actor.adam.lr", "0.01", "--vllm.sync_bucket_mb", "1",
+                     "--reward.remote_url", distinct_chars_reward(root)])
+    assert sync_transport(cfg) == "process_group:gloo"
+    assert {role: index for role, (index, _) in role_bundles(cfg)[1].items()} == {"actor": 0, "ref": 1, "rollout": 2}
+    run = RunRef("sync-test-distributed", cfg.store.root)
+    try:
+        launch.start_workers(cfg, run)
+        yield run
+    finally:
+        launch.stop_workers(run)
+
+
 def test_sync_makes_vllm_match_the_trainer(sync_run, ray_session):
+    check_sync_matches(sync_run, ray_session)
+
+
+def test_distributed_sync_broadcasts_over_a_process_group(distributed_run, ray_session):
+    check_sync_matches(distributed_run, ray_session)
+
+
+def check_sync_matches(sync_run, ray) -> None:
     from hybrid_core.workers.placement import get_worker
 
-    ray = ray_session
     actor, rollout = get_worker(sync_run, "actor"), get_worker(sync_run, "rollout")
     ray.get(rollout.generate.remote(1))
     ray.get(rollout.score.remote(1))

@@ -6,7 +6,7 @@ import pytest
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
 from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
-                              preflight_problems, render_plan)
+                              preflight_problems, render_plan, role_bundles, sync_transport)
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
 from tests.conftest import REPO_ROOT
@@ -37,7 +37,7 @@ def config_with_inputs(**blocks) -> RunConfig:
 
 def test_implemented_flags_are_real_fields():
     assert IMPLEMENTED_FLAGS <= set(leaf_paths())
-    assert "train.colocate_actor_ref" not in IMPLEMENTED_FLAGS  # separate groups land with #6
+    assert "train.async_enable" not in IMPLEMENTED_FLAGS
     assert set(IMPLEMENTED_VALUES) <= IMPLEMENTED_FLAGS
 
 
@@ -140,8 +140,7 @@ def test_cpu_device_refuses_a_distributed_actor():
                  actor={"num_gpus_per_node": 2})
     assert preflight_problems(cfg, num_gpus_found=0) == [
         "flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU (got 2); "
-        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1",
-        "not implemented yet: separate GPU groups per role; add --train.colocate_all"]
+        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1"]
 
 
 def test_seed_plan_appends_the_memory_estimate():
@@ -210,3 +209,32 @@ def test_gpu_memory_from_nvidia_smi(monkeypatch):
     assert gpu_memory_gib() is None
     monkeypatch.setattr("hybrid_core.plan.shutil.which", lambda name: None)
     assert gpu_memory_gib() is None
+
+
+ONE_GPU = ["--actor.model_name_or_path", "m", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+           "--algo.advantage.estimator", "reinforce", "--reward.remote_url", "r.py"]
+
+
+def test_colocated_roles_share_bundle_zero_and_weights_go_by_cuda_ipc():
+    cfg = parse_cli([*ONE_GPU, "--train.colocate_all", "--train.device",
+                     "cuda", "--vllm.num_engines", "1", "--algo.kl.init_coef", "0.01"])
+    assert role_bundles(cfg) == (1, {"actor": (0, 0.2), "ref": (0, 0.2), "rollout": (0, 0.2)})
+    assert sync_transport(cfg) == "cuda_ipc"
+    on_cpu = cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": "cpu"})})
+    # on CPU one logical CPU is split between the three roles
+    assert role_bundles(on_cpu) == (1, {"actor": (0, 0.333), "ref": (0, 0.333), "rollout": (0, 0.333)})
+    assert sync_transport(on_cpu) == "object_store"
+
+
+def test_separate_groups_get_bundles_of_their_own_and_a_process_group_sync():
+    cfg = parse_cli([*ONE_GPU, "--train.device", "cuda", "--vllm.num_engines", "1",
+                     "--algo.kl.init_coef", "0.01", "--train.colocate_actor_ref"])
+    # actor+ref share bundle 0 (0.2 each, as OpenRLHF asks), the engine has bundle 1 to itself
+    assert role_bundles(cfg) == (2, {"actor": (0, 0.2), "ref": (0, 0.2), "rollout": (1, 1.0)})
+    assert sync_transport(cfg) == "process_group:nccl"
+    gloo = parse_cli([*ONE_GPU, "--train.device", "cpu", "--vllm.num_engines", "1",
+                      "--algo.kl.init_coef", "0.01", "--vllm.sync_backend", "nccl"])
+    # three groups on CPU: bundles of a third of a CPU each; CPU runs broadcast with gloo whatever the backend
+    assert role_bundles(gloo) == (3, {"actor": (0, 0.333), "ref": (1, 0.333), "rollout": (2, 0.333)})
+    assert sync_transport(gloo) == "process_group:gloo"
+    assert not [p for p in preflight_problems(gloo, 0) if "separate" in p]

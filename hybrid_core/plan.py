@@ -274,9 +274,12 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
     if cfg.train.device == "cuda" and cfg.actor_world_size > 1:
         problems.append(f"not implemented yet: more than one actor rank on GPUs (got {cfg.actor_world_size}); "
                         "use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
-    if (cfg.vllm.num_engines or 1) > 1 or cfg.vllm.tensor_parallel_size > 1:
-        problems.append("not implemented yet: more than one vLLM engine or TP > 1; use --vllm.num_engines 1 "
-                        "--vllm.tensor_parallel_size 1")
+    if cfg.vllm.tensor_parallel_size > 1:
+        problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
+    if (cfg.vllm.num_engines or 1) > 1 and sync_transport(cfg) == "cuda_ipc":
+        problems.append("not implemented yet: several vLLM engines colocated on GPUs (each needs its own actor "
+                        "rank); use --vllm.num_engines 1, or give the engines GPUs of their own (no "
+                        "--train.colocate_all)")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
         problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")

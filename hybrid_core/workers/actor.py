@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import ray
-import torch
 
 from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
 from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
@@ -28,10 +26,8 @@ from hybrid_core.engines.experience_maker import ExperienceSources, experience_s
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
-from hybrid_core.engines.sync_group import WeightSyncGroup
-from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
 from hybrid_core.types import RunRef, StageResult
-from hybrid_core.workers.placement import free_port
+from hybrid_core.workers.weight_sender import WeightSender
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,8 @@ class ActorWorkerArgs:
     ckpt_root: str
     save_hf: bool
     max_num: int
-    sync_transport: str = "object_store"  # | "cuda_ipc" | "process_group:<nccl|gloo>" (see launch.sync_transport)
+    sync_transport: str = "object_store"  # | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
+    num_engines: int = 1
 
 
 VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s")  # wall-clock figures: excluded from hashes and replay checks
@@ -79,7 +76,7 @@ class ActorWorker:
         self.kl_controller = make_kl_controller(args.kl)
         self.sinks = MetricSinks(args.sinks)
         self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
-        self.bucket_buffers: BucketBuffers | None = None  # GPU: persistent, so the rollout side keeps them mapped
+        self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
 
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}
@@ -148,53 +145,15 @@ class ActorWorker:
             return StageResult("sync", step, 0.0, replayed=True)
         self.store.log_event(step, "sync", "start")
         start = time.perf_counter()
-        rollout = ray.get_actor(self.run.actor_name("rollout"), namespace=self.run.namespace)
-        ray.get(rollout.begin_weight_update.remote(), timeout=self.run.stage_timeout_s)
-        sent = self._send_buckets(rollout)
-        self.policy_version = ray.get(rollout.end_weight_update.remote(step), timeout=self.run.stage_timeout_s)
+        timeout = self.run.stage_timeout_s
+        rollouts = [ray.get_actor(self.run.actor_name("rollout", rank), namespace=self.run.namespace)
+                    for rank in range(self.args.num_engines)]
+        ray.get([r.begin_weight_update.remote() for r in rollouts], timeout=timeout)
+        sent = self.sender.send(self.engine.module, self.engine.is_zero3, rollouts)
+        self.policy_version = min(ray.get([r.end_weight_update.remote(step) for r in rollouts], timeout=timeout))
         self.store.update_manifest(step, "sync", {"policy_version": step})
         self.store.log_event(step, "sync", "commit")
         return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
-
-    def _send_buckets(self, rollout) -> int:
-        """CPU: buckets by value through Ray. GPU: buckets packed into persistent buffers and passed as CUDA IPC
-        handles, the next bucket packed while the rollout engine loads the previous one. Returns the bytes sent."""
-        module, budget, timeout = self.engine.module, self.args.sync_bucket_bytes, self.run.stage_timeout_s
-        device, transport = next(module.parameters()).device, self.args.sync_transport
-        if transport.startswith("process_group:"):
-            return self._broadcast_buckets(rollout, transport.split(":", 1)[1])
-        if transport == "object_store":
-            return sum(ray.get(rollout.load_bucket.remote(b), timeout=timeout)
-                       for b in iter_buckets(module, budget, self.engine.is_zero3))
-        if self.bucket_buffers is None:
-            self.bucket_buffers = BucketBuffers(largest_bucket_bytes(module, budget), device)
-        buckets, pending, sent = iter_buckets(module, budget, self.engine.is_zero3, self.bucket_buffers), deque(), 0
-        while True:
-            while len(pending) >= len(self.bucket_buffers.buffers):  # the next buffer is free once its load returned
-                sent += ray.get(pending.popleft(), timeout=timeout)
-            bucket = next(buckets, None)
-            if bucket is None:
-                return sent + sum(ray.get(list(pending), timeout=timeout))
-            torch.cuda.synchronize()  # the packed bytes are in memory before another process reads them
-            pending.append(rollout.load_shared_bucket.remote(share_bucket(bucket)))
-
-    def _broadcast_buckets(self, rollout, backend: str) -> int:
-        """Distributed mode: each bucket is broadcast over the actor↔engine process group while the engine's
-        `receive_bucket` call waits for it. The group is made at the first sync with this rollout worker."""
-        timeout = self.run.stage_timeout_s
-        peer = rollout._actor_id.hex()
-        if getattr(self, "_sync_peer", None) != peer:  # first sync, or a re-created rollout worker
-            host, port = ray.util.get_node_ip_address(), free_port()
-            joined = rollout.join_sync_group.remote(host, port, 2, 1, backend)
-            self._sync_group, self._sync_peer = WeightSyncGroup(host, port, 2, 0, backend, timeout), peer
-            ray.get(joined, timeout=timeout)
-        sent = 0
-        for bucket in iter_buckets(self.engine.module, self.args.sync_bucket_bytes, self.engine.is_zero3):
-            flat = bucket.flat.to(self._sync_group.device)
-            received = rollout.receive_bucket.remote(bucket.entries, flat.numel(), str(flat.dtype))
-            self._sync_group.broadcast(flat)
-            sent += ray.get(received, timeout=timeout)
-        return sent
 
     def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""

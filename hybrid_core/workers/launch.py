@@ -40,7 +40,7 @@ def rollout_args(cfg: RunConfig) -> RolloutWorkerArgs:
     return RolloutWorkerArgs(engine, prompts, PromptFormat(d.apply_chat_template, d.input_template, d.max_len),
                              SamplingSettings(r.n_samples_per_prompt, max_new_tokens(cfg), r.temperature, r.top_p),
                              cfg.reward.remote_url, cfg.train.seed, group_filter, cfg.reward.timeout_s,
-                             cfg.reward.max_retries)
+                             cfg.reward.max_retries, num_engines(cfg))
 
 
 def train_batching(cfg: RunConfig) -> MicroBatching:
@@ -56,6 +56,10 @@ def forward_batching(cfg: RunConfig) -> MicroBatching:
     budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
     return MicroBatching(cfg.rollout.micro_batch_size, budget if cfg.train.dynamic_batch_enable else None,
                          cfg.ds.packing_samples)
+
+
+def num_engines(cfg: RunConfig) -> int:
+    return cfg.vllm.num_engines or 1
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
@@ -96,7 +100,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
                            forward_batching(cfg), train_batching(cfg), total_optimizer_steps(cfg, num_steps),
                            cfg.vllm.sync_bucket_mb * 2**20, cfg.roles, cfg.critic.freezing_steps,
                            placement.extensions_dir(), sink_settings(cfg, run), ckpt_root(cfg, run),
-                           cfg.ckpt.save_hf, cfg.ckpt.max_num, sync_transport(cfg))
+                           cfg.ckpt.save_hf, cfg.ckpt.max_num, sync_transport(cfg), num_engines(cfg))
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs:
@@ -108,10 +112,12 @@ def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs
 def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     """Create the run's actors (rollout first: it knows how many steps the data gives) and wait until ready."""
     num_bundles, bundles = role_bundles(cfg)
-    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
+    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items() if role != "rollout"}
     pg = placement.RunPlacement(run, num_bundles, cfg.train.device == "cpu")
-    rollout = pg.spawn(RolloutWorker, "rollout", slots["rollout"], run, rollout_args(cfg))
-    info = ray.get(rollout.info.remote(), timeout=placement.READY_TIMEOUT_S)
+    index, share = bundles["rollout"]  # engine r on the r-th bundle of the rollout group
+    engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(index + rank, share), run, rollout_args(cfg), rank,
+                        rank=rank) for rank in range(num_engines(cfg))]
+    info = ray.get([e.info.remote() for e in engines], timeout=placement.READY_TIMEOUT_S)[0]
     num_steps = info["num_steps"]
     waits = [pg.spawn(ActorWorker, "actor", slots["actor"], run, actor_args(cfg, num_steps, run)).ready.remote()]
     if cfg.uses_ref:
@@ -125,11 +131,13 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     return info
 
 
-def _live_state(run: RunRef) -> dict | None:
-    """Policy versions held by the run's live actors, or None when any of them is gone."""
+def _live_state(run: RunRef, engines: int) -> dict | None:
+    """Policy versions held by the run's live actors (the oldest of the engines'), or None when any is gone."""
     try:
         actor = ray.get(placement.get_worker(run, "actor").ready.remote(), timeout=60)
-        rollout = ray.get(placement.get_worker(run, "rollout").info.remote(), timeout=60)
+        infos = ray.get([placement.get_worker(run, "rollout", rank).info.remote() for rank in range(engines)],
+                        timeout=60)
+        rollout = infos[0] | {"policy_version": min(info["policy_version"] for info in infos)}
         for role in set(run.roles) - {"actor", "rollout"}:
             ray.get(placement.get_worker(run, role).ready.remote(), timeout=60)
     except (ValueError, ray.exceptions.RayError):
@@ -144,7 +152,7 @@ def start_workers(cfg: RunConfig, run: RunRef) -> dict:
     placement.connect()
     steps = RolloutStore(run.run_dir).manifest()["steps"]
     synced = max([int(k) for k, v in steps.items() if "sync" in v], default=0)
-    live = _live_state(run)
+    live = _live_state(run, num_engines(cfg))
     common = {"model_uri": model_output_uri(cfg, run)}
     if live and live["policy_version"] == live["trained_step"] == live["rollout_version"] == synced:
         return common | {"num_steps": live["num_steps"], "resume_from": synced, "attached": True}

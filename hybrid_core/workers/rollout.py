@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import pyarrow as pa
+import ray
 import torch
 
 from hybrid_core.data.prompts import PromptSampler, load_prompt_rows
@@ -44,11 +46,12 @@ class RolloutWorkerArgs:
     group_filter: GroupFilter | None = None
     reward_timeout_s: float = 180.0
     reward_max_retries: int = 5
+    num_engines: int = 1  # rank 0 coordinates: it samples the prompts, shares them out and commits the datasets
 
 
 class RolloutWorker:
-    def __init__(self, run: RunRef, args: RolloutWorkerArgs):
-        self.run, self.args = run, args
+    def __init__(self, run: RunRef, args: RolloutWorkerArgs, rank: int = 0):
+        self.run, self.args, self.rank = run, args, rank
         self.store = RolloutStore(run.run_dir)
         self.tokenizer = load_tokenizer(args.engine.model_path)
         p = args.prompts
@@ -88,8 +91,7 @@ class RolloutWorker:
 
     def _generate(self, step: int):
         prompts = self.sampler.for_step(step)
-        generate = lambda batch: generate_rows(self.engine, self.tokenizer, batch, self.args.prompt_format,  # noqa
-                                               self.args.sampling, self.args.seed, step, self.policy_version)
+        generate = lambda batch: self._generate_shared_out(batch, step)  # noqa: E731
         if self.args.group_filter is None:
             return generate(prompts), {}
         refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
@@ -97,6 +99,32 @@ class RolloutWorker:
         table, pass_rate = filtered_rollout(generate, score, prompts, refill, self.args.sampling.n,
                                             self.args.group_filter)
         return table, {"filter/pass_rate": pass_rate}
+
+    def _generate_shared_out(self, prompts: list, step: int) -> pa.Table:
+        """Generate on every engine: engine r takes the r-th contiguous share of the prompts; rows keep prompt order
+        (seeds are per prompt, so which engine generates a prompt does not change its samples)."""
+        if self.args.num_engines == 1:
+            return self.generate_share(prompts, step)
+        size = -(-len(prompts) // self.args.num_engines)
+        shares = [prompts[i:i + size] for i in range(0, len(prompts), size)]
+        peers = [ray.get_actor(self.run.actor_name("rollout", rank), namespace=self.run.namespace)
+                 for rank in range(1, len(shares))]
+        pending = [peer.generate_share.remote(share, step) for peer, share in zip(peers, shares[1:])]
+        own = self.generate_share(shares[0], step)
+        return pa.concat_tables([own, *ray.get(pending, timeout=self.run.stage_timeout_s)])
+
+    def generate_share(self, prompts: list, step: int) -> pa.Table:
+        """This engine's rows for `prompts` (other ranks wake for it and sleep again afterwards)."""
+        if self.policy_version != step - 1:
+            raise RuntimeError(f"rollout engine {self.rank} holds policy version {self.policy_version}, step {step} "
+                               f"needs {step - 1}: sync the restored weights first")
+        if self.rank:
+            self.engine.wake_up(["weights", "kv_cache"])
+        table = generate_rows(self.engine, self.tokenizer, prompts, self.args.prompt_format, self.args.sampling,
+                              self.args.seed, step, self.policy_version)
+        if self.rank and self.args.engine.enable_sleep:
+            self.engine.sleep()
+        return table
 
     def score(self, step: int) -> StageResult:
         if entry := self.store.committed_entry(step, "reward"):

@@ -39,8 +39,8 @@ def sync_run(request, tmp_path_factory, tiny_model, ray_session):
 
 @pytest.fixture(scope="module")
 def distributed_run(tmp_path_factory, tiny_model, ray_session):
-    """Distributed mode on CPU: actor, reference and rollout engine in groups (bundles) of their own, weights
-    broadcast over a gloo process group."""
+    """Distributed mode on CPU: actor, reference and two rollout engines in bundles of their own, weights broadcast
+    over a gloo process group to both engines."""
     import yaml
     from conftest import MICRO_FLAGS, REPO_ROOT
 
@@ -55,9 +55,10 @@ def distributed_run(tmp_path_factory, tiny_model, ray_session):
     (root / "distributed.yaml").write_text(yaml.safe_dump(demo))
     cfg = parse_cli(["--config", str(root / "distributed.yaml"), *MICRO_FLAGS[2:], "--store.root", str(root),
                      "--actor.adam.lr", "0.01", "--vllm.sync_bucket_mb", "1",
-                     "--reward.remote_url", distinct_chars_reward(root)])
+                     "--reward.remote_url", distinct_chars_reward(root), "--vllm.num_engines", "2"])
     assert sync_transport(cfg) == "process_group:gloo"
-    assert {role: index for role, (index, _) in role_bundles(cfg)[1].items()} == {"actor": 0, "ref": 1, "rollout": 2}
+    # the rollout group's first bundle; engine r takes bundle 2 + r
+    assert role_bundles(cfg) == (4, {"actor": (0, 0.25), "ref": (1, 0.25), "rollout": (2, 0.25)})
     run = RunRef("sync-test-distributed", cfg.store.root)
     try:
         launch.start_workers(cfg, run)
@@ -71,7 +72,20 @@ def test_sync_makes_vllm_match_the_trainer(sync_run, ray_session):
 
 
 def test_distributed_sync_broadcasts_over_a_process_group(distributed_run, ray_session):
+    from hybrid_core.data.rollout_store import RolloutStore
+    from hybrid_core.workers.placement import get_worker
+
     check_sync_matches(distributed_run, ray_session)
+    # the step's prompts were shared out between the two engines and come back in prompt order
+    rows = RolloutStore(distributed_run.run_dir).read(1, "rollout").to_pylist()
+    assert [(r["prompt_index"], r["sample_index"]) for r in rows][1::2] == [(rows[0]["prompt_index"], 1),
+                                                                            (rows[2]["prompt_index"], 1)]
+    # the second engine got the same weights by the same broadcast
+    prompt, response = [[1, 60, 20, 30, 2, 1, 40, 50]], [[17, 18, 19, 20, 21, 22, 23, 24, 25, 26]]
+    actor, second = get_worker(distributed_run, "actor"), get_worker(distributed_run, "rollout", 1)
+    trained = ray_session.get(actor.logprobs_of.remote(prompt, response))
+    assert max_abs_diff(trained, ray_session.get(second.logprobs_of.remote(prompt, response))) <= 1e-3
+    assert ray_session.get(second.info.remote())["policy_version"] == 1
 
 
 def check_sync_matches(sync_run, ray) -> None:

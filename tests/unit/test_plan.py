@@ -69,7 +69,9 @@ def test_seed_preflight_without_gpus():
     problems = preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=0)
     num_flags = len(SEED_NOT_IMPLEMENTED)
     assert problems[:num_flags] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
-    assert "not implemented yet: more than one vLLM engine or TP > 1" in problems[num_flags + 1]
+    assert problems[num_flags + 1] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
+                                       "--vllm.tensor_parallel_size 1")
+    assert problems[num_flags + 2].startswith("not implemented yet: several vLLM engines colocated on GPUs")
     assert any(p.startswith("actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B-Thinking-2507'")
                for p in problems)
     assert problems[-1].startswith("needs 4 GPUs, found 0")

@@ -277,8 +277,8 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
     if cfg.vllm.tensor_parallel_size > 1:
         problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
     if (cfg.vllm.num_engines or 1) > 1 and sync_transport(cfg) == "cuda_ipc":
-        problems.append("not implemented yet: several vLLM engines colocated on GPUs (each needs its own actor "
-                        "rank); use --vllm.num_engines 1, or give the engines GPUs of their own (no "
+        problems.append("not implemented yet: several vLLM engines colocated on GPUs (one actor rank per engine is "
+                        "required); use --vllm.num_engines 1, or give the engines GPUs of their own (no "
                         "--train.colocate_all)")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):

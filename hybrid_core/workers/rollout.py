@@ -77,9 +77,8 @@ class RolloutWorker:
         self.store.clean_leftovers(step)
         self.store.log_event(step, "rollout", "start")
         start = time.perf_counter()
-        wake_start = time.perf_counter()
         self.engine.wake_up(["weights", "kv_cache"])
-        wake_s = time.perf_counter() - wake_start
+        wake_s = time.perf_counter() - start
         table, metrics = self._generate(step)
         sleep_start = time.perf_counter()
         if self.args.engine.enable_sleep:

@@ -6,6 +6,7 @@ exactly as they do between the actor and rollout workers.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -34,8 +35,9 @@ def _timed(fn) -> tuple[float, object]:
 
 
 def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, parts: str = "gen,sleep,sync",
-               enforce_eager: bool = False, tag: str = "1p7b") -> None:
-    """`tag` names the model in the sync figures (`sync_<tag>_s`, …)."""
+               enforce_eager: bool = False, tag: str = "1p7b", engine_options: dict | None = None) -> None:
+    """`tag` names the model in the sync figures (`sync_<tag>_s`, …); `engine_options` overrides EngineSettings
+    fields (gpu_memory_utilization, max_num_seqs, block_size) to try generation variants."""
     import torch
 
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
@@ -45,6 +47,8 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
     settings = EngineSettings(str(model_dir), "bf16", gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                               enforce_eager=enforce_eager, enable_sleep=True, sleep_level=1, max_model_len=2048,
                               max_num_seqs=PROMPTS * SAMPLES)
+    settings = dataclasses.replace(settings, **(engine_options or {}))
+    results.data["meta"]["engine_settings"] = dataclasses.asdict(settings)
     start_s, engine = _timed(lambda: VllmRolloutEngine(settings))
     results.figure("vllm_start_s", start_s, note="LLM(...) with CUDA graphs and torch.compile, multiprocess")
     results.figure("vllm_engine_gib", (free_before - torch.cuda.mem_get_info()[0]) / 2**30)

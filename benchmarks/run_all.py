@@ -104,6 +104,17 @@ def _median_cuda_seconds(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def engine_options(pairs: list[str]) -> dict:
+    """`FIELD=VALUE` pairs → EngineSettings overrides (numbers parsed as JSON: 32, 0.85, null)."""
+    options = {}
+    for pair in pairs:
+        field, _, value = pair.partition("=")
+        if not value:
+            raise SystemExit(f"--engine-option wants FIELD=VALUE: got {pair!r}")
+        options[field] = json.loads(value)
+    return options
+
+
 def model_shape(model_dir: Path) -> dict:
     config = json.loads((model_dir / "config.json").read_text())
     keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gen-trials", type=int, default=2)
     parser.add_argument("--vllm-parts", default="gen,sleep,sync", help="which vLLM figures: gen, sleep, sync")
     parser.add_argument("--eager", action="store_true", help="vLLM without CUDA graphs (faster start; not for gen)")
+    parser.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
+                        help="an EngineSettings override for the vLLM section, e.g. block_size=32 (repeatable)")
     parser.add_argument("--model-4b", type=Path, help="a Qwen3-4B stand-in, for train_mfu_4b and sync_4b")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
     args = parser.parse_args(argv)
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm" in sections:
         from bench_vllm import bench_vllm
 
-        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials, args.vllm_parts, args.eager)
+        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials, args.vllm_parts, args.eager,
+                   engine_options=engine_options(args.engine_option))
     run_train_sections(results, args, sections, ceilings)
     print(json.dumps(results.data["figures"], indent=1, default=str))
     return 0

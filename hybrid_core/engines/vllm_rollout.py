@@ -54,6 +54,7 @@ class EngineSettings:
     max_model_len: int = 2048
     seed: int = 0
     max_num_seqs: int | None = None  # None: vLLM's default for the device
+    block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
 
 
 def _check_version(platform: str) -> None:
@@ -100,7 +101,8 @@ class VllmRolloutEngine:
         if settings.enable_sleep and not self.can_sleep:
             log.warning("vllm.enable_sleep: this vLLM build has no sleep mode (%s); sleep/wake keep state only",
                         self.platform)
-        extra = {"max_num_seqs": settings.max_num_seqs} if settings.max_num_seqs else {}
+        extra = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
+                                                ("block_size", settings.block_size)) if value}
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,

@@ -84,7 +84,7 @@ class Slot:
 
 
 class RunPlacement:
-    """The run's placement group (one bundle per actor rank) and the actors placed in it."""
+    """The run's placement group (the bundles `plan.role_bundles` counts) and the actors placed in it."""
 
     def __init__(self, run: RunRef, num_bundles: int, on_cpu: bool):
         self.run, self.on_cpu = run, on_cpu

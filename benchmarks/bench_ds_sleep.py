@@ -6,27 +6,20 @@ engine start in a background thread (overlapped with model loading) and timed se
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
+
+from bench_common import single_rank_trainer, timed
 
 CALLS = 4
 
 
 def _trainer(model_dir: Path):
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-    from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
-    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
-
-    actor = ActorConfig(model_name_or_path=str(model_dir), lr_scheduler="constant", adam={"lr": 1e-6})
-    ds = DsConfig(zero_stage=2, param_dtype="bf16", enable_sleep=True)
-    train = TrainConfig(batch_size=1, micro_batch_size=1, device="cuda")
     start = time.perf_counter()
-    buffer = start_sleep_buffer(str(model_dir), ds)
-    trainer = DeepSpeedTrainEngine(load_policy(str(model_dir), actor, ds), actor, ds, train, 10, 0, buffer)
-    return trainer, buffer, time.perf_counter() - start
+    trainer = single_rank_trainer(model_dir, lr=1e-6, ds={"zero_stage": 2, "param_dtype": "bf16", "enable_sleep": True},
+                                  train={"batch_size": 1, "micro_batch_size": 1, "device": "cuda"}, total_steps=10,
+                                  with_sleep_buffer=True)
+    return trainer, trainer.state_mover.host, time.perf_counter() - start
 
 
 def _one_step(trainer) -> None:
@@ -45,13 +38,7 @@ def _one_step(trainer) -> None:
 
 
 def _timed(fn) -> float:
-    import torch
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return timed(fn)[0]
 
 
 def bench_ds_sleep(results, model_dir: Path) -> None:

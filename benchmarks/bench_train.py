@@ -9,10 +9,10 @@ uniformly drawn lengths in [256, 3840], 64 samples (one optimizer step), ZeRO-2 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import time
 from pathlib import Path
+
+from bench_common import single_rank_trainer, timed
 
 NUM_SAMPLES, PROMPT_TOKENS, RESPONSE_RANGE, TOKEN_BUDGET, TIMED_STEPS = 64, 256, (256, 3840), 16384, 3
 
@@ -41,27 +41,11 @@ def _samples(seed: int):
     return TrainSamples(prompts, responses, old, None, adv)
 
 
-def _synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _trainer(model_dir: Path, packed: bool, param_dtype: str):
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-    from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
-    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy
-
-    actor = ActorConfig(model_name_or_path=str(model_dir), lr_scheduler="constant", adam={"lr": 1e-7},
-                        gradient_checkpointing_enable=True)
-    ds = DsConfig(zero_stage=2, param_dtype=param_dtype, packing_samples=packed)
-    device = "cuda" if param_dtype != "fp32" else "cpu"
-    train = TrainConfig(batch_size=NUM_SAMPLES, micro_batch_size=4, device=device, dynamic_batch_enable=packed,
-                        max_tokens_per_gpu=TOKEN_BUDGET)
-    return DeepSpeedTrainEngine(load_policy(str(model_dir), actor, ds), actor, ds, train, 100, 0)
+    ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed}
+    train = {"batch_size": NUM_SAMPLES, "micro_batch_size": 4, "device": "cuda" if param_dtype != "fp32" else "cpu",
+             "dynamic_batch_enable": packed, "max_tokens_per_gpu": TOKEN_BUDGET}
+    return single_rank_trainer(model_dir, lr=1e-7, ds=ds, train=train, total_steps=100, gradient_checkpointing=True)
 
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
@@ -81,17 +65,13 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     seconds = []
     for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator, flex_attention compiles)
         samples = _samples(step)
-        _synchronize()
-        start = time.perf_counter()
-        fit_actor(trainer, samples, ActorLossSettings(), plan)
-        _synchronize()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(), plan))[0])
         print(f"[bench] train {name} {'packed' if packed else 'padded'} step {step}: {seconds[-1]:.2f} s", flush=True)
     lengths = [PROMPT_TOKENS + len(r) for r in _samples(1).response_ids]
     flops = flops_per_step(model_dir, lengths)
     figure = f"train_mfu_{name}" + ("" if packed else "_padded")
-    timed = statistics.median(seconds[1:])
-    results.figure(figure, flops / timed / (tflops * 1e12), trials=seconds,
+    median_s = statistics.median(seconds[1:])
+    results.figure(figure, flops / median_s / (tflops * 1e12), trials=seconds,
                    note=f"{NUM_SAMPLES} samples, {sum(lengths)} tokens a step, {flops / 1e15:.1f} PFLOP, "
                         f"median of steps 2..{TIMED_STEPS + 1}")
     del trainer

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
-import time
 from pathlib import Path
+
+from bench_common import timed
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS = 64, 8, 64, 1024
 GPU_MEMORY_UTILIZATION = 0.7  # the hybrid's rollout phase: DeepSpeed asleep, vLLM holds most of the GPU
@@ -22,16 +23,6 @@ def _ids(count: int, length: int, seed: int) -> list[list[int]]:
 
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, 100, (count, length), generator=generator).tolist()
-
-
-def _timed(fn) -> tuple[float, object]:
-    import torch
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start, out
 
 
 def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, parts: str = "gen,sleep,sync",
@@ -49,7 +40,7 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
                               max_num_seqs=PROMPTS * SAMPLES)
     settings = dataclasses.replace(settings, **(engine_options or {}))
     results.data["meta"]["engine_settings"] = dataclasses.asdict(settings)
-    start_s, engine = _timed(lambda: VllmRolloutEngine(settings))
+    start_s, engine = timed(lambda: VllmRolloutEngine(settings))
     results.figure("vllm_start_s", start_s, note="LLM(...) with CUDA graphs and torch.compile, multiprocess")
     results.figure("vllm_engine_gib", (free_before - torch.cuda.mem_get_info()[0]) / 2**30)
     if "gen" in parts:
@@ -89,7 +80,7 @@ def _generation(results, engine, model_dir: Path, copy_gbps: float, trials: int)
     sampling = SamplingSettings(SAMPLES, NEW_TOKENS, temperature=1.0, ignore_eos=True)
     rates = []
     for trial in range(trials):
-        seconds, out = _timed(lambda: engine.generate(prompts, sampling, seeds=range(trial * 1000,
+        seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds=range(trial * 1000,
                                                                                      trial * 1000 + PROMPTS)))
         tokens = sum(len(c.token_ids) for samples in out for c in samples)
         rates.append(tokens / seconds)
@@ -108,9 +99,9 @@ def _sleep_level(results, engine, level: int) -> None:
     sleeps, wakes, freed = [], [], []
     for _ in range(SLEEP_TRIALS):
         free = torch.cuda.mem_get_info()[0]
-        sleeps.append(_timed(lambda: engine.sleep(level=level))[0])
+        sleeps.append(timed(lambda: engine.sleep(level=level))[0])
         freed.append((torch.cuda.mem_get_info()[0] - free) / 2**30)
-        wakes.append(_timed(lambda: (engine.wake_up(["weights"]), engine.wake_up(["kv_cache"])))[0])
+        wakes.append(timed(lambda: (engine.wake_up(["weights"]), engine.wake_up(["kv_cache"])))[0])
     suffix = f"_l{level}"
     results.figure("vllm_sleep_s" + suffix, statistics.median(sleeps), trials=sleeps)
     results.figure("vllm_wake_s" + suffix, statistics.median(wakes), trials=wakes)
@@ -160,12 +151,12 @@ def _sync(results, engine, model, tag: str) -> None:
                 torch.cuda.synchronize()
                 engine.load_shared_bucket(share_bucket(bucket))
             engine.finish_weight_update()
-        times = [_timed(bucketed)[0] for _ in range(SYNC_TRIALS)]
+        times = [timed(bucketed)[0] for _ in range(SYNC_TRIALS)]
         name = f"sync_{tag}_s" if bucket_mb == 1024 else f"sync_{tag}_s_{bucket_mb}mb"
         results.figure(name, statistics.median(times[1:]), trials=times,
                        note=f"{bucket_mb} MiB buckets, median of calls 2..{SYNC_TRIALS} (call 1 opens the handles)")
         del buffers
-    times = [_timed(lambda: _per_param_sync(engine, model))[0] for _ in range(PER_PARAM_TRIALS)]
+    times = [timed(lambda: _per_param_sync(engine, model))[0] for _ in range(PER_PARAM_TRIALS)]
     results.figure(f"sync_{tag}_per_param_s", statistics.median(times), trials=times)
     results.figure(f"sync_{tag}_vs_per_param", results.data["figures"][f"sync_{tag}_s"] / statistics.median(times))
 

@@ -33,11 +33,15 @@ class Bucket:
         return self.flat.numel() * self.flat.element_size()
 
 
+def _full_numel(p: torch.nn.Parameter) -> int:
+    """Elements of the whole parameter (a ZeRO-3 shard knows its full size as `ds_numel`)."""
+    return p.ds_numel if hasattr(p, "ds_numel") else p.numel()
+
+
 def _group_by_budget(named: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int):
     group, size, dtype = [], 0, None
     for name, p in named:
-        numel = p.ds_numel if hasattr(p, "ds_numel") else p.numel()
-        nbytes = numel * p.element_size()
+        nbytes = _full_numel(p) * p.element_size()
         if group and (size + nbytes > bucket_bytes or p.dtype != dtype):
             yield group
             group, size = [], 0
@@ -76,7 +80,7 @@ class BucketBuffers:
 
 def largest_bucket_bytes(module: torch.nn.Module, bucket_bytes: int) -> int:
     """Bytes of the largest bucket `iter_buckets` will make (one parameter can exceed the budget on its own)."""
-    sizes = [(p.ds_numel if hasattr(p, "ds_numel") else p.numel()) * p.element_size() for p in module.parameters()]
+    sizes = [_full_numel(p) * p.element_size() for p in module.parameters()]
     return max([bucket_bytes, *sizes])
 
 

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import runpy
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # the scripts import their shared module, as run_all.py does
 QWEN3_1P7B = {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936}
 

@@ -90,11 +90,12 @@ def bench_iteration(results, model_dir: Path, root: Path) -> None:
     results.figure("iteration_overhead_fraction", overhead / wall)
 
 
-def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float) -> None:
+def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,
+                 names: list[str] = ("vllm-peak", "ds-peak")) -> None:
     from hybrid_core.flags import parse_cli
     from hybrid_core.memory_plan import estimate_memory
 
-    for name in ("vllm-peak", "ds-peak"):
+    for name in names:
         config = CONFIGS / f"h200-memory-{name}.yaml"
         cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir)])
         plan = estimate_memory(cfg, gpu_total_gib)

@@ -73,24 +73,29 @@ def _roofline(model_dir: Path, copy_gbps: float, concurrency: int) -> tuple[floa
 
 
 def _generation(results, engine, model_dir: Path, copy_gbps: float, trials: int) -> None:
+    """`gen_tok_s` with per-prompt seeds (the default, `rollout.seed_per_prompt`) and `gen_tok_s_engine_seeded`
+    without them (vLLM then draws the whole batch's sampling noise at once instead of one seeded request at a time)."""
     from hybrid_core.engines.vllm_rollout import SamplingSettings
 
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts[:8], SamplingSettings(SAMPLES, 64, ignore_eos=True), seeds=range(8))  # warm-up
-    sampling = SamplingSettings(SAMPLES, NEW_TOKENS, temperature=1.0, ignore_eos=True)
-    rates = []
-    for trial in range(trials):
-        seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds=range(trial * 1000,
-                                                                                     trial * 1000 + PROMPTS)))
-        tokens = sum(len(c.token_ids) for samples in out for c in samples)
-        rates.append(tokens / seconds)
-        print(f"[bench] generate trial {trial}: {tokens} tokens in {seconds:.2f} s", flush=True)
     roofline, terms = _roofline(model_dir, copy_gbps, PROMPTS * SAMPLES)
-    results.figure("gen_tok_s", statistics.median(rates), trials=rates,
-                   note=f"{PROMPTS} prompts x n={SAMPLES}, {PROMPT_TOKENS}->{NEW_TOKENS} tokens, ignore_eos, "
-                        "sampled-token logprobs, text decoded once at the end, CUDA graphs")
+    for seed_per_prompt, suffix in ((True, ""), (False, "_engine_seeded")):
+        sampling = SamplingSettings(SAMPLES, NEW_TOKENS, temperature=1.0, ignore_eos=True,
+                                    seed_per_prompt=seed_per_prompt)
+        rates = []
+        for trial in range(trials):
+            seeds = range(trial * 1000, trial * 1000 + PROMPTS) if seed_per_prompt else None
+            seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds=seeds))
+            tokens = sum(len(c.token_ids) for samples in out for c in samples)
+            rates.append(tokens / seconds)
+            print(f"[bench] generate{suffix} trial {trial}: {tokens} tokens in {seconds:.2f} s", flush=True)
+        results.figure("gen_tok_s" + suffix, statistics.median(rates), trials=rates,
+                       note=f"{PROMPTS} prompts x n={SAMPLES}, {PROMPT_TOKENS}->{NEW_TOKENS} tokens, ignore_eos, "
+                            "sampled-token logprobs, text decoded once at the end, CUDA graphs, "
+                            + ("a seed per prompt" if seed_per_prompt else "the engine's generator"))
+        results.figure("gen_fraction_of_roofline" + suffix, statistics.median(rates) / roofline)
     results.figure("gen_roofline_tok_s", roofline, trials=terms)
-    results.figure("gen_fraction_of_roofline", statistics.median(rates) / roofline)
 
 
 def _sleep_level(results, engine, level: int) -> None:

@@ -32,8 +32,21 @@ class Results:
     what it measured."""
 
     def __init__(self, path: Path, meta: dict):
-        self.path, self.data = path, {"meta": meta, "figures": {}, "trials": {}, "notes": {}}
+        self.path, self.data = path, {"meta": meta, "figures": {}, "trials": {}, "notes": {}, "errors": {}}
         self.write()
+
+    def section(self, name: str, measure) -> None:
+        """Run one section; a failure is printed and recorded under `errors` and the next section still runs."""
+        import traceback
+
+        started = time.perf_counter()
+        try:
+            measure()
+        except Exception as error:  # noqa: BLE001 — the other sections' figures are worth keeping
+            traceback.print_exc()
+            self.data["errors"][name] = f"{type(error).__name__}: {error}"[-2000:]
+            self.write()
+        print(f"[bench] section {name}: {time.perf_counter() - started:.1f} s", flush=True)
 
     def figure(self, name: str, value, trials=None, note: str | None = None) -> None:
         self.data["figures"][name] = value
@@ -135,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
                         help="an EngineSettings override for the vLLM section, e.g. block_size=32 (repeatable)")
     parser.add_argument("--model-4b", type=Path, help="a Qwen3-4B stand-in, for train_mfu_4b and sync_4b")
+    parser.add_argument("--memory-configs", default="vllm-peak,ds-peak",
+                        help="which memory configurations (benchmarks/configs/h200-memory-NAME.yaml)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -147,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 
-        bench_ds_sleep(results, args.model)
+        results.section("ds", lambda: bench_ds_sleep(results, args.model))
     if "vllm" in sections:
         from bench_vllm import bench_vllm
 
-        bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials, args.vllm_parts, args.eager,
-                   engine_options=engine_options(args.engine_option))
+        results.section("vllm", lambda: bench_vllm(results, args.model, ceilings["copy_gbps"], args.gen_trials,
+                                                   args.vllm_parts, args.eager,
+                                                   engine_options=engine_options(args.engine_option)))
     run_train_sections(results, args, sections, ceilings)
     print(json.dumps(results.data["figures"], indent=1, default=str))
     return 0
@@ -163,23 +179,26 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
     if "train" in sections:
         from bench_train import bench_train_mfu
 
-        bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"], packed=True)
-        bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"], packed=False)
+        results.section("train_1p7b", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"]))
+        results.section("train_1p7b_padded", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
+                                                                     packed=False))
         if args.model_4b:
-            bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"], packed=True)
+            results.section("train_4b", lambda: bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"]))
     if "sync4b" in sections and args.model_4b:
         from bench_vllm import bench_vllm
 
-        bench_vllm(results, args.model_4b, 0.0, 0, "sync", enforce_eager=True, tag="4b")
+        results.section("sync4b", lambda: bench_vllm(results, args.model_4b, 0.0, 0, "sync", enforce_eager=True,
+                                                     tag="4b"))
     if "memory" in sections:
         from bench_iteration import bench_memory
 
-        bench_memory(results, args.model, args.work_dir, results.data["meta"]["versions"]["gpu_total_gib"])
+        gpu_total_gib = results.data["meta"]["versions"]["gpu_total_gib"]
+        results.section("memory", lambda: bench_memory(results, args.model, args.work_dir, gpu_total_gib,
+                                                                  args.memory_configs.split(",")))
     if "iteration" in sections:
         from bench_iteration import bench_iteration
 
-        bench_iteration(results, args.model, args.work_dir)
-
+        results.section("iteration", lambda: bench_iteration(results, args.model, args.work_dir))
 
 if __name__ == "__main__":
     started = time.perf_counter()

@@ -182,6 +182,10 @@ class RolloutConfig(ConfigBlock):
                                            "forwards (None: train.max_tokens_per_gpu)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
+    seed_per_prompt: bool = Field(True, description="PROJECT: sampling seeded per (run seed, step, prompt), so a "
+                                  "retried or resumed rollout regenerates the same samples on any engine; false: "
+                                  "the engine's own seeded generator, faster on GPU (vLLM draws a seeded request's "
+                                  "noise one request at a time)")
 
 
 class TrainConfig(ConfigBlock):

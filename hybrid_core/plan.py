@@ -30,7 +30,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "algo.advantage.estimator", "algo.advantage.no_std_norm", "algo.kl.init_coef", "algo.kl.estimator",
     "algo.kl.use_loss",
     "rollout.batch_size", "rollout.n_samples_per_prompt", "rollout.micro_batch_size", "rollout.max_new_tokens",
-    "rollout.temperature", "rollout.top_p",
+    "rollout.temperature", "rollout.top_p", "rollout.seed_per_prompt",
     "train.batch_size", "train.micro_batch_size", "train.max_epochs", "train.num_episodes", "train.seed",
     "train.colocate_all", "train.max_steps", "train.device", "train.stage_timeout_s",
     "data.prompt_dataset", "data.input_key", "data.label_key", "data.input_template", "data.apply_chat_template",

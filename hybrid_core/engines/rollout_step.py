@@ -43,7 +43,7 @@ def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], f
                   sampling: SamplingSettings, seed: int, step: int, policy_version: int) -> pa.Table:
     """Generate `sampling.n` samples per prompt; rows are prompt-major (a prompt's samples are contiguous)."""
     texts, ids = tokenize_prompts(tokenizer, prompts, fmt, sampling.max_new_tokens)
-    seeds = [derive_seed(seed, step, p.index) for p in prompts]
+    seeds = [derive_seed(seed, step, p.index) for p in prompts] if sampling.seed_per_prompt else None
     completions = engine.generate(ids, sampling, seeds)
     rows = []
     for prompt, text, prompt_ids, samples in zip(prompts, texts, ids, completions):

@@ -31,6 +31,7 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     ignore_eos: bool = False  # benchmarks: every sample runs to max_new_tokens
+    seed_per_prompt: bool = True  # False: the engine's generator draws the noise (no per-request seeds)
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,16 @@ class VllmRolloutEngine:
         self._pending: list[tuple[str, torch.Tensor]] = []
 
     def generate(self, prompt_ids: Sequence[list[int]], sampling: SamplingSettings,
-                 seeds: Sequence[int]) -> list[list[Completion]]:
-        """n completions per prompt; `seeds[i]` makes prompt i's samples reproducible."""
+                 seeds: Sequence[int] | None) -> list[list[Completion]]:
+        """n completions per prompt; `seeds[i]` makes prompt i's samples reproducible (None: the engine's seeded
+        generator, which samples the whole batch at once instead of one seeded request at a time)."""
         from vllm import SamplingParams
 
         self._check_generation_ready()
         # Text is decoded once at the end (batch_decode) rather than incrementally by vLLM at every decode step.
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, logprobs=0, seed=s, detokenize=False,
-                                 ignore_eos=sampling.ignore_eos) for s in seeds]
+                                 ignore_eos=sampling.ignore_eos) for s in seeds or [None] * len(prompt_ids)]
         # long stages show vLLM's progress bar (samples done / total, tokens per second) in the terminal
         show_progress = len(prompt_ids) * sampling.n >= PROGRESS_MIN_SAMPLES
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,

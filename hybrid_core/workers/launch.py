@@ -38,7 +38,8 @@ def rollout_args(cfg: RunConfig) -> RolloutWorkerArgs:
                            cfg.train.num_episodes, cfg.train.max_steps)
     group_filter = GroupFilter(*cfg.algo.dynamic_filtering_range) if cfg.algo.dynamic_filtering_enable else None
     return RolloutWorkerArgs(engine, prompts, PromptFormat(d.apply_chat_template, d.input_template, d.max_len),
-                             SamplingSettings(r.n_samples_per_prompt, max_new_tokens(cfg), r.temperature, r.top_p),
+                             SamplingSettings(r.n_samples_per_prompt, max_new_tokens(cfg), r.temperature, r.top_p,
+                                              seed_per_prompt=r.seed_per_prompt),
                              cfg.reward.remote_url, cfg.train.seed, group_filter, cfg.reward.timeout_s,
                              cfg.reward.max_retries, num_engines(cfg))
 

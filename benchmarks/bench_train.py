@@ -41,17 +41,17 @@ def _samples(seed: int):
     return TrainSamples(prompts, responses, old, None, adv)
 
 
-def _trainer(model_dir: Path, packed: bool, param_dtype: str):
+def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int):
     ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed}
     train = {"batch_size": NUM_SAMPLES, "micro_batch_size": 4, "device": "cuda" if param_dtype != "fp32" else "cpu",
-             "dynamic_batch_enable": packed, "max_tokens_per_gpu": TOKEN_BUDGET}
+             "dynamic_batch_enable": packed, "max_tokens_per_gpu": token_budget}
     return single_rank_trainer(model_dir, lr=1e-7, ds=ds, train=train, total_steps=100, gradient_checkpointing=True)
 
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
-                    param_dtype: str = "bf16") -> None:
-    """One figure: `train_mfu_<name>` (packed, token-budget micro-batches) or `..._padded` (4 samples a row).
-    (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.)"""
+                    param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET) -> None:
+    """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens) or `..._padded` (4 samples
+    a row). (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.)"""
     import torch
 
     from hybrid_core.algorithms.experience import ActorLossSettings
@@ -59,8 +59,8 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     from hybrid_core.engines.minibatch_updates import BatchPlan
     from hybrid_core.engines.sequence_batch import MicroBatching
 
-    trainer = _trainer(model_dir, packed, param_dtype)
-    batching = MicroBatching(4, TOKEN_BUDGET if packed else None, packed)
+    trainer = _trainer(model_dir, packed, param_dtype, token_budget)
+    batching = MicroBatching(4, token_budget if packed else None, packed)
     plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
     seconds = []
     for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator, flex_attention compiles)
@@ -73,6 +73,7 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     median_s = statistics.median(seconds[1:])
     results.figure(figure, flops / median_s / (tflops * 1e12), trials=seconds,
                    note=f"{NUM_SAMPLES} samples, {sum(lengths)} tokens a step, {flops / 1e15:.1f} PFLOP, "
+                        f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, "
                         f"median of steps 2..{TIMED_STEPS + 1}")
     del trainer
     if torch.cuda.is_available():

@@ -183,7 +183,8 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
         results.section("train_1p7b_padded", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
                                                                      packed=False))
         if args.model_4b:
-            results.section("train_4b", lambda: bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"]))
+            results.section("train_4b", lambda: bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"],
+                                                                    token_budget=8192))  # 16k: logits + Adam > 140 GB
     if "sync4b" in sections and args.model_4b:
         from bench_vllm import bench_vllm
 

@@ -47,6 +47,7 @@ class GpuMemorySampler:
 
 def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str) -> Path:
     """`hybrid train` in a child process; returns the run directory (fails with the child's output)."""
+    root.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--run_id", run_id,
            "--actor.model_name_or_path", str(model_dir), "--store.root", str(root / "runs"), *flags]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -45,16 +46,26 @@ class GpuMemorySampler:
         return self.peak_mib / 1024, self.samples
 
 
-def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str) -> Path:
-    """`hybrid train` in a child process; returns the run directory (fails with the child's output)."""
+def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str, timeout_s: float = 540) -> Path:
+    """`hybrid train` in a child process (its own session) whose output streams to `<root>/<run_id>.log`, so a run
+    cut off keeps its log; returns the run directory, or fails with the log's tail after killing the child's group."""
     root.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PREFECT_HOME": str(root / "prefect"), "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--run_id", run_id,
            "--actor.model_name_or_path", str(model_dir), "--store.root", str(root / "runs"), *flags]
-    done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=580)
-    (root / f"{run_id}.log").write_text(done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"hybrid train {run_id} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    log_path = root / f"{run_id}.log"
+    with log_path.open("w") as log:
+        child = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = f"cut off after {timeout_s:.0f} s"
+    if code != 0:
+        tail = log_path.read_text()[-4000:]
+        raise RuntimeError(f"hybrid train {run_id} failed ({code}); log {log_path}:\n{tail}")
     return root / "runs" / run_id
 
 
@@ -75,9 +86,21 @@ def step_walls(run_dir: Path) -> dict[int, float]:
 
 
 def bench_iteration(results, model_dir: Path, root: Path) -> None:
-    run_dir = run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration")
+    """Figures from the steps the run committed, even when it was cut off (then from fewer steps)."""
+    run_dir = root / "runs" / "iteration"
+    try:
+        run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration")
+    finally:
+        if (run_dir / "events.jsonl").is_file():
+            _iteration_figures(results, run_dir)
+
+
+def _iteration_figures(results, run_dir: Path) -> None:
     rows, walls = step_rows(run_dir), step_walls(run_dir)
+    results.figure("iteration_steps_committed", len(rows))
     timed = [k for k in sorted(walls) if k >= 2]
+    if not timed:
+        return
     stage_s = {s: statistics.fmean(rows[k][f"timing_s/{s}"] for k in timed) for s in STAGES}
     for key in OVERHEAD_KEYS[:4]:
         stage_s[key.split("/")[1]] = statistics.fmean(rows[k].get(key, 0.0) for k in timed)
@@ -85,8 +108,9 @@ def bench_iteration(results, model_dir: Path, root: Path) -> None:
     orchestration = wall - sum(stage_s[s] for s in STAGES)
     overhead = sum(stage_s[k.split("/")[1]] for k in OVERHEAD_KEYS) + orchestration
     results.figure("iteration_wall_s", wall, trials={k: walls[k] for k in sorted(walls)})
-    results.figure("iteration_stage_s", stage_s | {"orchestration": orchestration},
-                   trials={k: {s: rows[k].get(f"timing_s/{s}") for s in STAGES} for k in rows})
+    per_step = {k: {key: value for key, value in row.items() if key.startswith(("timing_s/", "memory_gib/"))}
+                for k, row in rows.items()}
+    results.figure("iteration_stage_s", stage_s | {"orchestration": orchestration}, trials=per_step)
     results.figure("iteration_overhead_s", overhead, note="vLLM sleep+wake, DeepSpeed sleep+wake, sync, orchestration")
     results.figure("iteration_overhead_fraction", overhead / wall)
 
@@ -102,11 +126,14 @@ def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,
         plan = estimate_memory(cfg, gpu_total_gib)
         sampler = GpuMemorySampler()
         try:
-            run_train(config, model_dir, root, f"memory-{name}")
+            run_dir = run_train(config, model_dir, root, f"memory-{name}")
         finally:
             measured, samples = sampler.stop()
+        actor = {key: value for row in step_rows(run_dir).values() for key, value in row.items()
+                 if key.startswith("memory_gib/")}
         key = name.replace("-", "_")
         results.figure(f"plan_peak_gib_{key}", plan.peak_gib, note=f"phase {plan.peak_phase.name}, largest term "
                                                                   f"{plan.largest_term.name}")
-        results.figure(f"measured_peak_gib_{key}", measured, note=f"{samples} nvidia-smi samples at 50 ms")
+        results.figure(f"measured_peak_gib_{key}", measured, trials=actor,
+                       note=f"{samples} nvidia-smi samples at 50 ms; trials: the actor's own peaks per stage")
         results.figure(f"plan_vs_measured_{key}", plan.peak_gib / measured - 1)

@@ -1,7 +1,8 @@
-"""The README's GPU performance table, generated from the committed benchmark results.
+"""The README's GPU performance tables, generated from the committed benchmark results.
 
-Reads benchmarks/results/h200-hybrid-*.json (a figure comes from the newest file that has it, by file name), checks
-each target of issue #6 and prints a Markdown table; `--write` replaces the table between the README's markers.
+Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*.json (issue #7: training and the
+whole iteration); a figure comes from the newest file that has it, by file name. Checks each target and prints
+Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
 Usage: python benchmarks/perf_table.py [--write]
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
+TRAIN_START, TRAIN_END = "<!-- train-table:start -->", "<!-- train-table:end -->"
+MISSING = "not measured yet"
 
 
 def load_figures(pattern: str = "h200-hybrid-*.json") -> dict[str, tuple[object, str]]:
@@ -58,24 +61,72 @@ def _met(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
-def render(figures: dict) -> str:
+def _train_rows(f: dict) -> list[tuple[str, str, str, str]]:
+    """Issue #7's targets; each row reads its figures or says they are not measured yet."""
+    def row(name: str, target: str, show, judge, *needed: str):
+        if not all(k in f for k in needed):
+            return name, MISSING, target, "—"
+        v = {k: f[k][0] for k in needed}
+        return name, show(v), target, _met(judge(v))
+
+    ratio = lambda v, key: v[f"plan_peak_gib_{key}"] / v[f"measured_peak_gib_{key}"] - 1  # noqa: E731
+    within = lambda key: lambda v: abs(ratio(v, key)) <= 0.15  # noqa: E731
+    peaks = lambda key: lambda v: (f"plan {v[f'plan_peak_gib_{key}']:.1f} vs measured "  # noqa: E731
+                                   f"{v[f'measured_peak_gib_{key}']:.1f} GiB "
+                                   f"({ratio(v, key):+.1%})")
+    rows = [
+        row("train_mfu_1p7b (packed)", "≥ 40%", lambda v: f"{v['train_mfu_1p7b']:.1%}",
+            lambda v: v["train_mfu_1p7b"] >= 0.4, "train_mfu_1p7b"),
+        row("train_mfu_4b (packed)", "≥ 40%", lambda v: f"{v['train_mfu_4b']:.1%}",
+            lambda v: v["train_mfu_4b"] >= 0.4, "train_mfu_4b"),
+        row("sync_4b_s vs sync_4b_per_param_s", "≤ 0.1 s and ≤ ¼",
+            lambda v: f"{v['sync_4b_s']:.3f} s vs {v['sync_4b_per_param_s']:.3f} s",
+            lambda v: v["sync_4b_s"] <= 0.1 and v["sync_4b_s"] <= v["sync_4b_per_param_s"] / 4,
+            "sync_4b_s", "sync_4b_per_param_s"),
+        row("plan_peak_gib vs measured_peak_gib, vLLM sets the peak", "within ±15%", peaks("vllm_peak"),
+            within("vllm_peak"), "plan_peak_gib_vllm_peak", "measured_peak_gib_vllm_peak"),
+        row("plan_peak_gib vs measured_peak_gib, DeepSpeed sets the peak", "within ±15%", peaks("ds_peak"),
+            within("ds_peak"), "plan_peak_gib_ds_peak", "measured_peak_gib_ds_peak"),
+        row("iteration_overhead_s vs iteration_wall_s", "≤ 10%",
+            lambda v: f"{v['iteration_overhead_s']:.1f} s of {v['iteration_wall_s']:.1f} s "
+                      f"({v['iteration_overhead_s'] / v['iteration_wall_s']:.1%})",
+            lambda v: v["iteration_overhead_s"] <= 0.1 * v["iteration_wall_s"], "iteration_overhead_s",
+            "iteration_wall_s"),
+    ]
+    padded = f"{f['train_mfu_1p7b_padded'][0]:.1%}" if "train_mfu_1p7b_padded" in f else MISSING
+    stages = f.get("iteration_stage_s", (None,))[0]
+    shown = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items()) if stages else MISSING
+    return rows + [("train_mfu_1p7b_padded (4 padded samples a micro-batch)", padded, "", ""),
+                   ("iteration_stage_s (mean of steps 2–3)", shown, "", "")]
+
+
+def render(figures: dict, rows=_rows, title: str = "figure (Qwen3-1.7B shape, one H200)") -> str:
     sources = sorted({source for _, source in figures.values()})
-    lines = ["| figure (Qwen3-1.7B shape, one H200) | measured | target | met |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in _rows(figures)]
+    lines = [f"| {title} | measured | target | met |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows(figures)]
     lines.append("")
     lines.append("From " + "; ".join(f"`{s}`" for s in sources) + " (raw per-trial timings and logs beside them).")
     return "\n".join(lines)
 
 
-def replace_block(readme: str, table: str) -> str:
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+def render_train(figures: dict) -> str:
+    return render(figures, _train_rows, "figure (Qwen3-1.7B and -4B shapes, one H200)")
+
+
+def replace_block(readme: str, table: str, start: str = START, end: str = END) -> str:
+    head, rest = readme.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
+def readme_with_tables(readme: str) -> str:
+    readme = replace_block(readme, render(load_figures()))
+    return replace_block(readme, render_train(load_figures("h200-train-*.json")), TRAIN_START, TRAIN_END)
 
 
 if __name__ == "__main__":
-    table = render(load_figures())
+    path = REPO_ROOT / "README.md"
+    updated = readme_with_tables(path.read_text())
     if "--write" in sys.argv:
-        readme = REPO_ROOT / "README.md"
-        readme.write_text(replace_block(readme.read_text(), table))
-    print(table)
+        path.write_text(updated)
+    print(render(load_figures()) + "\n\n" + render_train(load_figures("h200-train-*.json")))

@@ -18,6 +18,20 @@ def device_name() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def reset_memory_peak() -> None:
+    """Start a new peak of this process's CUDA memory (see `memory_peak_gib`); nothing on CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def memory_peak_gib(name: str) -> dict[str, float]:
+    """{`memory_gib/<name>`: the most memory PyTorch's cache held in this process since `reset_memory_peak`}, or {}
+    on CPU. Reserved, not allocated: blocks the cache keeps are what the GPU cannot give to another process."""
+    if not torch.cuda.is_available():
+        return {}
+    return {f"memory_gib/{name}": torch.cuda.max_memory_reserved() / 2**30}
+
+
 def attn_implementation_for(is_packed: bool) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
 

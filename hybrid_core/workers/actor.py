@@ -23,7 +23,7 @@ from hybrid_core.engines.checkpoint import (export_hf, load_checkpoint, remove_c
 from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
                                                  start_sleep_buffer)
 from hybrid_core.engines.experience_maker import ExperienceSources, experience_stats, make_advantage_table
-from hybrid_core.engines.frozen_model import load_tokenizer
+from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.types import RunRef, StageResult
@@ -56,7 +56,8 @@ class ActorWorkerArgs:
     num_engines: int = 1
 
 
-VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s")  # wall-clock figures: excluded from hashes and replay checks
+# wall-clock and device-memory figures: excluded from hashes and replay checks
+VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s", "memory_gib/")
 
 
 def make_kl_controller(kl: KlConfig):
@@ -90,11 +91,13 @@ class ActorWorker:
             return StageResult("advantage", step, 0.0, table.num_rows, replayed=True)
         self.store.log_event(step, "advantage", "start")
         start = time.perf_counter()
+        reset_memory_peak()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         table, stats = make_advantage_table(self.engine, self.store.read(step, "rollout"),
                                             self.store.read(step, "reward"), self._sources(), settings,
                                             self.args.penalties, self.args.experience_batching)
         path = self.store.commit(step, "advantage", table, step - 1)
+        stats |= memory_peak_gib("actor_experience")
         self.step_stats[step] = stats | {"kl_coef": self.kl_controller.coef, "num_samples": table.num_rows}
         return StageResult("advantage", step, time.perf_counter() - start, table.num_rows, path, metrics=stats)
 
@@ -116,6 +119,7 @@ class ActorWorker:
         stats = {"actor_frozen": 1.0}
         if step > self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
             wake_start = time.perf_counter()
+            reset_memory_peak()
             self.engine.wake_up()
             wake_s = time.perf_counter() - wake_start
             loss = dataclasses.replace(self.args.loss, kl_coef=self.kl_controller.coef)
@@ -123,6 +127,7 @@ class ActorWorker:
             sleep_start = time.perf_counter()
             self.engine.sleep()
             stats |= {"timing_s/ds_wake": wake_s, "timing_s/ds_sleep": time.perf_counter() - sleep_start}
+            stats |= memory_peak_gib("actor_train")
         experience = self.step_stats.get(step, {})
         self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
         self.step_stats[step], self.trained_step = experience | stats, step

@@ -50,7 +50,9 @@ def test_two_colocated_steps_on_one_gpu(standin, tmp_path):
         row = pds.dataset(str(run_dir / "steps" / str(step) / "metrics"), format="parquet").to_table().to_pylist()[0]
         assert row["rollout/response_length_mean"] > 0
         for key in ("timing_s/rollout", "timing_s/train", "timing_s/sync", "timing_s/vllm_wake",
-                    "timing_s/ds_wake", "timing_s/ds_sleep"):
+                    "timing_s/ds_wake", "timing_s/ds_sleep", "memory_gib/actor_experience", "memory_gib/actor_train"):
             assert key in row, key
+        # the actor's peaks lie between its bf16 weights (0.6B: > 1 GiB) and the whole GPU
+        assert 1.0 < row["memory_gib/actor_experience"] < 140 and 1.0 < row["memory_gib/actor_train"] < 140
         print(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()
-                                           if k.startswith("timing_s/") and isinstance(v, float)))
+                                           if k.startswith(("timing_s/", "memory_gib/")) and isinstance(v, float)))

@@ -207,3 +207,37 @@ def test_config_json_without_decoder_fields_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(ValueError, match="lacks intermediate_size, num_hidden_layers, num_attention_heads"):
         model_shape(str(tmp_path))
+
+
+def test_optimizer_step_reuses_freed_logit_blocks_when_they_are_as_large():
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    one_gpu_step = QWEN3_1_7B_PARAMS * 8 / GIB  # the fp32 gradient copy and Adam's temporary: 2 × 4 bytes/param
+
+    def step_of(micro_batch_size: int, stage: int = 2, has_logits: bool = True) -> float:
+        cfg = config(train={"colocate_all": True, "micro_batch_size": micro_batch_size}, ds={"zero_stage": stage})
+        return trainer_bytes(cfg, shape, has_logits=has_logits).step
+
+    # 8 × 2048 = 16,384 tokens × 151,936 = 2.49e9 logits ≥ 1.72e9 parameters: an fp32 logit block holds each temporary
+    assert step_of(8) == 0.0
+    # 4 × 2048 = 8,192 tokens × 151,936 = 1.24e9 < 1.72e9: the temporaries need memory of their own
+    assert step_of(4) == pytest.approx(one_gpu_step, rel=0, abs=1e-9)
+    assert step_of(8, stage=3) == pytest.approx(8e9 / GIB, rel=0, abs=1e-9)  # ZeRO-3: not seen to reuse; counted
+    assert step_of(8, has_logits=False) == pytest.approx(one_gpu_step, rel=0, abs=1e-9)  # a value head frees little
+
+
+def test_the_deepspeed_peak_benchmark_configuration_by_hand():
+    from hybrid_core.flags import parse_cli
+    from tests.conftest import REPO_ROOT
+
+    cfg = parse_cli(["--config", str(REPO_ROOT / "benchmarks" / "configs" / "h200-memory-ds-peak.yaml"),
+                     "--actor.model_name_or_path", "Qwen/Qwen3-1.7B"])
+    plan = estimate_memory(cfg, H200_GIB)
+    # train phase, 4 × 4096 = 16,384 padded tokens, checkpointed: weights and gradients 3.2048 each, optimizer
+    # 19.2289, activations 16,384 · (28 · 4096 + 114,688) bytes = 3.5 GiB, logits 16,384 · 151,936 · 18 bytes
+    # = 41.7305 GiB, no step (reused), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers, and what the
+    # actor's experience forward left in its cache beyond those blocks: 8 · 4096 tokens · 151,936 · 12 bytes
+    # = 55.6406 GiB − 3.5 − 41.7305 = 10.4102 GiB
+    forward_beyond = 8 * 4096 * 151936 * 12 / GIB - 3.5 - 41.73046875
+    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 41.73046875 + 1.0 + 0.8 + 2.0 + forward_beyond
+    assert plan.peak_phase.name == "train"
+    assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)

@@ -9,10 +9,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 perf_table = runpy.run_path(str(REPO_ROOT / "benchmarks" / "perf_table.py"))
 
 
-def test_readme_table_is_generated_from_the_results():
+def test_readme_tables_are_generated_from_the_results():
     readme = (REPO_ROOT / "README.md").read_text()
-    table = perf_table["render"](perf_table["load_figures"]())
-    assert perf_table["replace_block"](readme, table) == readme, "run `python benchmarks/perf_table.py --write`"
+    assert perf_table["readme_with_tables"](readme) == readme, "run `python benchmarks/perf_table.py --write`"
 
 
 def test_targets_are_judged_from_the_figures():
@@ -26,3 +25,16 @@ def test_targets_are_judged_from_the_figures():
     met = [line.rsplit("|", 2)[-2].strip() for line in perf_table["render"](figures).splitlines()[2:7]]
     # wake 44.9 < 45; first sleep exactly 1/10; 0.5 s exactly; 0.05 s and exactly ¼; exactly 40%
     assert met == ["**no**", "yes", "yes", "yes", "yes"]
+
+
+def test_training_targets_are_judged_and_missing_figures_say_so():
+    figures = {name: (value, "x.json @ abc") for name, value in {
+        "train_mfu_1p7b": 0.4, "train_mfu_4b": 0.399, "sync_4b_s": 0.1, "sync_4b_per_param_s": 0.4,
+        "plan_peak_gib_ds_peak": 115.0, "measured_peak_gib_ds_peak": 100.0,
+    }.items()}
+    rows = perf_table["render_train"](figures).splitlines()[2:8]
+    met = [line.rsplit("|", 2)[-2].strip() for line in rows]
+    # exactly 40%; 39.9%; 0.1 s and exactly ¼; vLLM peak missing; +15% exactly; iteration missing
+    assert met == ["yes", "**no**", "yes", "—", "yes", "—"]
+    assert "not measured yet" in rows[3] and "not measured yet" in rows[5]
+    assert "plan 115.0 vs measured 100.0 GiB (+15.0%)" in rows[4]

@@ -41,17 +41,19 @@ def _samples(seed: int):
     return TrainSamples(prompts, responses, old, None, adv)
 
 
-def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int):
+def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int, checkpointing: bool):
     ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed}
     train = {"batch_size": NUM_SAMPLES, "micro_batch_size": 4, "device": "cuda" if param_dtype != "fp32" else "cpu",
              "dynamic_batch_enable": packed, "max_tokens_per_gpu": token_budget}
-    return single_rank_trainer(model_dir, lr=1e-7, ds=ds, train=train, total_steps=100, gradient_checkpointing=True)
+    return single_rank_trainer(model_dir, lr=1e-7, ds=ds, train=train, total_steps=100,
+                               gradient_checkpointing=checkpointing)
 
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
-                    param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET) -> None:
+                    param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True) -> None:
     """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens) or `..._padded` (4 samples
-    a row). (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.)"""
+    a row), `..._no_ckpt` without gradient checkpointing (nothing recomputed: more activation memory).
+    (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.)"""
     import torch
 
     from hybrid_core.algorithms.experience import ActorLossSettings
@@ -59,17 +61,18 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     from hybrid_core.engines.minibatch_updates import BatchPlan
     from hybrid_core.engines.sequence_batch import MicroBatching
 
-    trainer = _trainer(model_dir, packed, param_dtype, token_budget)
+    trainer = _trainer(model_dir, packed, param_dtype, token_budget, checkpointing)
     batching = MicroBatching(4, token_budget if packed else None, packed)
     plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
     seconds = []
     for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator, flex_attention compiles)
         samples = _samples(step)
         seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(), plan))[0])
-        print(f"[bench] train {name} {'packed' if packed else 'padded'} step {step}: {seconds[-1]:.2f} s", flush=True)
+        print(f"[bench] train {name} {'packed' if packed else 'padded'}{'' if checkpointing else ' no-ckpt'} step "
+              f"{step}: {seconds[-1]:.2f} s", flush=True)
     lengths = [PROMPT_TOKENS + len(r) for r in _samples(1).response_ids]
     flops = flops_per_step(model_dir, lengths)
-    figure = f"train_mfu_{name}" + ("" if packed else "_padded")
+    figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt")
     median_s = statistics.median(seconds[1:])
     results.figure(figure, flops / median_s / (tflops * 1e12), trials=seconds,
                    note=f"{NUM_SAMPLES} samples, {sum(lengths)} tokens a step, {flops / 1e15:.1f} PFLOP, "

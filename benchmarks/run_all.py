@@ -182,6 +182,9 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
         results.section("train_1p7b", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"]))
         results.section("train_1p7b_padded", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
                                                                      packed=False))
+        # 16k tokens without recomputation: ~49 GiB of activations beside 42 GiB of logits and 26 GiB of states
+        results.section("train_1p7b_no_ckpt", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
+                                                                      checkpointing=False))
         if args.model_4b:
             results.section("train_4b", lambda: bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"],
                                                                     token_budget=8192))  # 16k: logits + Adam > 140 GB

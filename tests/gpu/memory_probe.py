@@ -1,0 +1,65 @@
+"""Run in a fresh process by test_memory_plan_gpu: one DeepSpeed ZeRO-2 bf16 policy update of one sample per token
+count, printing PyTorch's peak reserved memory of each as JSON.
+
+Usage: python tests/gpu/memory_probe.py MODEL_DIR TOKENS [TOKENS ...]
+The counts run in the order given; between them the cache is emptied and the peak reset, so each peak is the
+trainer's resident states plus what that update needed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def trainer_for(model_dir: str, gradient_checkpointing: bool):
+    from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
+    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0", "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+    actor = ActorConfig(model_name_or_path=model_dir, lr_scheduler="constant", adam={"lr": 1e-6},
+                        gradient_checkpointing_enable=gradient_checkpointing)
+    ds = DsConfig(zero_stage=2, param_dtype="bf16")
+    train = TrainConfig(batch_size=1, micro_batch_size=1, device="cuda")
+    return DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
+
+
+def one_update(trainer, tokens: int) -> None:
+    import torch
+
+    from hybrid_core.algorithms.experience import ActorLossSettings
+    from hybrid_core.engines.actor_trainer import TrainSamples, fit_actor
+    from hybrid_core.engines.minibatch_updates import BatchPlan
+    from hybrid_core.engines.sequence_batch import MicroBatching
+
+    generator = torch.Generator().manual_seed(tokens)
+    prompt, response = 16, tokens - 16
+    samples = TrainSamples([torch.randint(3, 100, (prompt,), generator=generator).tolist()],
+                           [torch.randint(3, 100, (response,), generator=generator).tolist()],
+                           [(-torch.rand(response, generator=generator) * 5).tolist()], None,
+                           [torch.randn(response, generator=generator).tolist()])
+    fit_actor(trainer, samples, ActorLossSettings(), BatchPlan(1, MicroBatching(1, None, False), 1, seed=0))
+
+
+def main(model_dir: str, token_counts: list[int]) -> dict[int, float]:
+    import torch
+
+    trainer = trainer_for(model_dir, gradient_checkpointing=False)
+    peaks = {}
+    for tokens in token_counts:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        one_update(trainer, tokens)
+        torch.cuda.synchronize()
+        peaks[tokens] = torch.cuda.max_memory_reserved() / 2**30
+    return peaks
+
+
+if __name__ == "__main__":
+    print("PEAKS " + json.dumps(main(sys.argv[1], [int(n) for n in sys.argv[2:]])), flush=True)

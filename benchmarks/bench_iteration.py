@@ -85,11 +85,13 @@ def step_walls(run_dir: Path) -> dict[int, float]:
     return {k: done[k] - done[k - 1] for k in sorted(done) if k - 1 in done}
 
 
-def bench_iteration(results, model_dir: Path, root: Path) -> None:
-    """Figures from the steps the run committed, even when it was cut off (then from fewer steps)."""
+def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...] = ()) -> None:
+    """Figures from the steps the run committed, even when it was cut off (then from fewer steps); `flags` are
+    extra `hybrid train` flags (recorded in the results)."""
     run_dir = root / "runs" / "iteration"
+    results.data["meta"]["iteration_flags"] = list(flags)
     try:
-        run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration")
+        run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration", *flags)
     finally:
         if (run_dir / "events.jsonl").is_file():
             _iteration_figures(results, run_dir)

@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-4b", type=Path, help="a Qwen3-4B stand-in, for train_mfu_4b and sync_4b")
     parser.add_argument("--memory-configs", default="vllm-peak,ds-peak",
                         help="which memory configurations (benchmarks/configs/h200-memory-NAME.yaml)")
+    parser.add_argument("--iteration-flag", action="append", default=[], metavar="--FLAG=VALUE",
+                        help="an extra `hybrid train` flag for the iteration run, written with `=`: "
+                             "--iteration-flag=--ds.packing_samples=false")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -202,7 +205,8 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
     if "iteration" in sections:
         from bench_iteration import bench_iteration
 
-        results.section("iteration", lambda: bench_iteration(results, args.model, args.work_dir))
+        results.section("iteration", lambda: bench_iteration(results, args.model, args.work_dir,
+                                                                     tuple(args.iteration_flag)))
 
 if __name__ == "__main__":
     started = time.perf_counter()

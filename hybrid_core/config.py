@@ -184,8 +184,8 @@ class RolloutConfig(ConfigBlock):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     seed_per_prompt: bool = Field(True, description="PROJECT: sampling seeded per (run seed, step, prompt), so a "
                                   "retried or resumed rollout regenerates the same samples on any engine; false: "
-                                  "the engine's own seeded generator, faster on GPU (vLLM draws a seeded request's "
-                                  "noise one request at a time)")
+                                  "the engine's own seeded generator, as OpenRLHF does (on the H200 both generated "
+                                  "24.8-24.9k tok/s)")
 
 
 class TrainConfig(ConfigBlock):

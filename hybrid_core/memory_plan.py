@@ -35,8 +35,9 @@ FORWARD_LOGIT_BYTES = 12
 # These are two fp32 tensors of the partition's size. Under ZeRO ≤ 2 they come out of PyTorch's cache when the
 # backward freed fp32 logit blocks at least as large (tokens × vocab ≥ the partition's parameters). The cache
 # splits a larger free block, so then the step adds nothing. Measured on the H200: at 8,192 tokens the blocks were
-# smaller and the step added its 8 bytes/param; at 16,384 padded tokens the peak was 73.1 GiB. That is 87.5 GiB
-# with the step counted and 74.7 GiB without it.
+# smaller and the step added its 8 bytes/param. At 16,384 padded tokens the whole GPU peaked at 73.1 GiB; the
+# plan said 87.5 GiB with the step counted and says 85.1 GiB without it. The rest of the gap is not measured yet:
+# the actor's cached experience forward is the suspect.
 STEP_BYTES = 8
 SYNC_BUFFERS = 2  # weight-sync bucket buffers the actor fills in turn (engines/weight_sync.py BucketBuffers)
 

@@ -122,14 +122,18 @@ def replace_block(readme: str, table: str, start: str = START, end: str = END) -
     return f"{head}{start}\n{table}\n{end}{tail}"
 
 
+def tables() -> tuple[str, str]:
+    """(issue #6's table, issue #7's table) from the committed results."""
+    return render(load_figures()), render_train(load_figures("h200-train-*.json"))
+
+
 def readme_with_tables(readme: str) -> str:
-    readme = replace_block(readme, render(load_figures()))
-    return replace_block(readme, render_train(load_figures("h200-train-*.json")), TRAIN_START, TRAIN_END)
+    engines, training = tables()
+    return replace_block(replace_block(readme, engines), training, TRAIN_START, TRAIN_END)
 
 
 if __name__ == "__main__":
     path = REPO_ROOT / "README.md"
-    updated = readme_with_tables(path.read_text())
     if "--write" in sys.argv:
-        path.write_text(updated)
-    print(render(load_figures()) + "\n\n" + render_train(load_figures("h200-train-*.json")))
+        path.write_text(readme_with_tables(path.read_text()))
+    print("\n\n".join(tables()))

@@ -1,7 +1,8 @@
 """A frozen causal LM for log-prob forwards (the reference policy), and the HF loading both sides share.
 
-Owns model/tokenizer loading from a local directory, the attention kernel each layout loads with, and no-grad
-micro-batched response logprobs. It knows nothing about training, Ray or where sequences come from.
+Owns model/tokenizer loading from a local directory, the device and the attention kernel each layout loads with,
+this process's CUDA memory peaks (for the stage metrics), and no-grad micro-batched response logprobs. It knows
+nothing about training, Ray or where sequences come from.
 """
 from __future__ import annotations
 

@@ -8,25 +8,11 @@ trainer's resident states plus what that update needed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-
-def trainer_for(model_dir: str, gradient_checkpointing: bool):
-    from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
-    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy
-
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
-    actor = ActorConfig(model_name_or_path=model_dir, lr_scheduler="constant", adam={"lr": 1e-6},
-                        gradient_checkpointing_enable=gradient_checkpointing)
-    ds = DsConfig(zero_stage=2, param_dtype="bf16")
-    train = TrainConfig(batch_size=1, micro_batch_size=1, device="cuda")
-    return DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "benchmarks")]  # the benchmarks' single-rank trainer builder
 
 
 def one_update(trainer, tokens: int) -> None:
@@ -49,7 +35,10 @@ def one_update(trainer, tokens: int) -> None:
 def main(model_dir: str, token_counts: list[int]) -> dict[int, float]:
     import torch
 
-    trainer = trainer_for(model_dir, gradient_checkpointing=False)
+    from bench_common import single_rank_trainer
+
+    trainer = single_rank_trainer(Path(model_dir), lr=1e-6, ds={"zero_stage": 2, "param_dtype": "bf16"},
+                                  train={"batch_size": 1, "micro_batch_size": 1, "device": "cuda"}, total_steps=10)
     peaks = {}
     for tokens in token_counts:
         torch.cuda.synchronize()

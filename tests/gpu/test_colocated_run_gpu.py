@@ -32,15 +32,19 @@ def colocated_config(standin: Path, root: Path) -> Path:
     return path
 
 
+def product_env(root: Path) -> dict[str, str]:
+    """The environment of a `hybrid train` child: the repository importable, Prefect's home under `root`."""
+    return os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                         "PREFECT_HOME": str(root / "prefect"), "PYTHONPATH": os.pathsep.join(
+                             [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_two_colocated_steps_on_one_gpu(standin, tmp_path):
     import pyarrow.dataset as pds
 
-    env = os.environ | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-                        "PREFECT_HOME": str(tmp_path / "prefect"), "PYTHONPATH": os.pathsep.join(
-                            [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     config = colocated_config(standin, tmp_path)
     done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--run_id", "gpu2"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-6000:])
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "runs" / "gpu2"

@@ -26,11 +26,15 @@ STAGES = ("rollout", "reward", "advantage", "train", "sync")
 
 
 class GpuMemorySampler:
-    """Largest GPU memory in use (MiB) while running, sampled every 50 ms by nvidia-smi."""
+    """Largest GPU memory in use (MiB) while running, sampled every 50 ms by nvidia-smi on the first GPU this
+    process sees (nvidia-smi ignores CUDA_VISIBLE_DEVICES, so the GPU is named; another job on another GPU of the
+    machine does not count)."""
 
     def __init__(self):
-        self.process = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                         "-lms", "50"], stdout=subprocess.PIPE, text=True)
+        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+        self.process = subprocess.Popen(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used",
+                                         "--format=csv,noheader,nounits", "-lms", "50"],
+                                        stdout=subprocess.PIPE, text=True)
         self.peak_mib, self.samples = 0, 0
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()

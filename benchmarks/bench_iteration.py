@@ -76,9 +76,10 @@ def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: st
 def step_rows(run_dir: Path) -> dict[int, dict]:
     import pyarrow.dataset as pds
 
-    rows = {}
+    rows = {}  # a step cut off before its metrics commit has no row
     for path in sorted((run_dir / "steps").iterdir(), key=lambda p: int(p.name)):
-        rows[int(path.name)] = pds.dataset(str(path / "metrics"), format="parquet").to_table().to_pylist()[0]
+        if (path / "metrics" / "_SUCCESS").is_file():
+            rows[int(path.name)] = pds.dataset(str(path / "metrics"), format="parquet").to_table().to_pylist()[0]
     return rows
 
 

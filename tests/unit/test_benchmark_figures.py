@@ -31,3 +31,16 @@ def test_step_walls_are_the_gaps_between_metrics_commits(tmp_path):
               {"step": 3, "stage": "metrics", "event": "commit", "time": 45.5}]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     assert step_walls(tmp_path) == {2: 15.0, 3: 20.5}
+
+
+def test_step_rows_skip_a_step_cut_off_before_its_metrics_committed(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    step_rows = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_iteration.py"))["step_rows"]
+    committed = tmp_path / "steps" / "1" / "metrics"
+    committed.mkdir(parents=True)
+    pq.write_table(pa.table({"timing_s/rollout": [18.3]}), committed / "part-00000.parquet")
+    (committed / "_SUCCESS").write_text("")
+    (tmp_path / "steps" / "2" / "rollout").mkdir(parents=True)  # step 2 was cut off in its advantage stage
+    assert step_rows(tmp_path) == {1: {"timing_s/rollout": 18.3}}

@@ -138,6 +138,20 @@ def test_without_sleep_every_term_adds_up():
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
 
 
+def test_the_cached_experience_forward_adds_only_what_the_train_phase_does_not_reallocate():
+    def forward_term(sleeps: bool) -> float:
+        cfg = config(vllm={"num_engines": 1, "enable_sleep": sleeps}, ds={"enable_sleep": sleeps},
+                     rollout={"micro_batch_size": 16}, train={"colocate_all": True, "micro_batch_size": 1})
+        return terms(estimate_memory(cfg, H200_GIB).phases[2]).get("actor logprob forward", 0.0)
+
+    # forward 16 · 2048 · 151,936 · 12 bytes = 55.6406 GiB; the train step reallocates activations 6.125, logits
+    # 5.2163 and the step's temporaries 12.8193 (2,048 · 151,936 logits < 1.72e9 parameters)
+    awake_beyond = 55.640625 - 6.125 - 5.21630859375 - 12.8192825317
+    assert forward_term(False) == pytest.approx(awake_beyond, rel=0, abs=1e-8)
+    # asleep, the woken gradients (3.2048) and optimizer states (19.2289) come out of the same cache
+    assert forward_term(True) == pytest.approx(awake_beyond - 3.2048206329 - 19.2289237976, rel=0, abs=1e-8)
+
+
 def test_reference_and_critic_are_counted_where_they_live():
     plan = estimate_memory(config(algo={"advantage": {"estimator": "gae"}, "kl": {"init_coef": 0.01}},
                                   ds={"enable_sleep": True}, vllm={"num_engines": 1, "enable_sleep": True}), H200_GIB)
@@ -234,10 +248,10 @@ def test_the_deepspeed_peak_benchmark_configuration_by_hand():
     plan = estimate_memory(cfg, H200_GIB)
     # train phase, 4 × 4096 = 16,384 padded tokens, checkpointed: weights and gradients 3.2048 each, optimizer
     # 19.2289, activations 16,384 · (28 · 4096 + 114,688) bytes = 3.5 GiB, logits 16,384 · 151,936 · 18 bytes
-    # = 41.7305 GiB, no step (reused), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers, and what the
-    # actor's experience forward left in its cache beyond those blocks: 8 · 4096 tokens · 151,936 · 12 bytes
-    # = 55.6406 GiB − 3.5 − 41.7305 = 10.4102 GiB
-    forward_beyond = 8 * 4096 * 151936 * 12 / GIB - 3.5 - 41.73046875
-    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 41.73046875 + 1.0 + 0.8 + 2.0 + forward_beyond
+    # = 41.7305 GiB, no step (reused), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The actor's
+    # experience forward (8 · 4096 tokens · 151,936 · 12 bytes = 55.6406 GiB) left its blocks in the cache, and the
+    # train phase reallocates more than that from it (woken gradients and optimizer states, activations, logits:
+    # 3.2048 + 19.2289 + 3.5 + 41.7305 = 67.66 GiB), so it adds nothing.
+    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 41.73046875 + 1.0 + 0.8 + 2.0
     assert plan.peak_phase.name == "train"
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)

@@ -50,10 +50,12 @@ def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int,
 
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
-                    param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True) -> None:
+                    param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True,
+                    profile: bool = False) -> None:
     """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens) or `..._padded` (4 samples
     a row), `..._no_ckpt` without gradient checkpointing (nothing recomputed: more activation memory).
-    (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.)"""
+    (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.) `profile`: one more
+    step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes)."""
     import torch
 
     from hybrid_core.algorithms.experience import ActorLossSettings
@@ -64,20 +66,37 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     trainer = _trainer(model_dir, packed, param_dtype, token_budget, checkpointing)
     batching = MicroBatching(4, token_budget if packed else None, packed)
     plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
-    seconds = []
+    seconds, mfu, tokens = [], [], []
     for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator, flex_attention compiles)
         samples = _samples(step)
         seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(), plan))[0])
+        lengths = [PROMPT_TOKENS + len(r) for r in samples.response_ids]
+        mfu.append(flops_per_step(model_dir, lengths) / seconds[-1] / (tflops * 1e12))
+        tokens.append(sum(lengths))
         print(f"[bench] train {name} {'packed' if packed else 'padded'}{'' if checkpointing else ' no-ckpt'} step "
-              f"{step}: {seconds[-1]:.2f} s", flush=True)
-    lengths = [PROMPT_TOKENS + len(r) for r in _samples(1).response_ids]
-    flops = flops_per_step(model_dir, lengths)
+              f"{step}: {seconds[-1]:.2f} s, {tokens[-1]} tokens, MFU {mfu[-1]:.1%}", flush=True)
     figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt")
-    median_s = statistics.median(seconds[1:])
-    results.figure(figure, flops / median_s / (tflops * 1e12), trials=seconds,
-                   note=f"{NUM_SAMPLES} samples, {sum(lengths)} tokens a step, {flops / 1e15:.1f} PFLOP, "
+    results.figure(figure, statistics.median(mfu[1:]), trials={"seconds": seconds, "tokens": tokens, "mfu": mfu},
+                   note=f"{NUM_SAMPLES} samples a step (each step its own lengths), "
                         f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, "
-                        f"median of steps 2..{TIMED_STEPS + 1}")
+                        f"median MFU of steps 2..{TIMED_STEPS + 1}")
+    if profile:
+        print_profile(lambda: fit_actor(trainer, _samples(TIMED_STEPS + 1), ActorLossSettings(), plan))
     del trainer
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def print_profile(step, rows: int = 30) -> None:
+    """Run `step` once under torch.profiler and print the operators with the most GPU time, then the most CPU time
+    (a step far above its matmul time spends it in one of those tables)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step()
+    averages = prof.key_averages()
+    if torch.cuda.is_available():
+        print("[bench] profile by GPU time\n" + averages.table(sort_by="self_cuda_time_total", row_limit=rows))
+    print("[bench] profile by CPU time\n" + averages.table(sort_by="self_cpu_time_total", row_limit=rows), flush=True)

@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iteration-flag", action="append", default=[], metavar="--FLAG=VALUE",
                         help="an extra `hybrid train` flag for the iteration run, written with `=`: "
                              "--iteration-flag=--ds.packing_samples=false")
+    parser.add_argument("--profile-train", action="store_true",
+                        help="after the timed 1.7B packed steps, profile one more and print its busiest operators")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -183,7 +185,8 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
     if "train" in sections:
         from bench_train import bench_train_mfu
 
-        results.section("train_1p7b", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"]))
+        results.section("train_1p7b", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
+                                                              profile=args.profile_train))
         results.section("train_1p7b_padded", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
                                                                      packed=False))
         # without recomputation 16k-token micro-batches ran out of memory on the H200 (2026-11-29: 134 GiB allocated

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConfig
 from hybrid_core.engines.frozen_model import attn_implementation_for, batched_logprobs, device_name, load_causal_lm
@@ -31,12 +32,19 @@ def clear_stale_build_locks(extensions_dir: str) -> None:
             lock.unlink(missing_ok=True)
 
 
-def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig) -> dict:
+def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig, world_size: int = 1) -> dict:
+    """DeepSpeed's config for one rank of `world_size` data-parallel ranks. The accumulation count only satisfies
+    DeepSpeed's batch check: the update loop sets each optimizer step's boundary itself."""
     adam = optim.adam
+    per_step = train.micro_batch_size * world_size
+    if train.batch_size % per_step:
+        raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size × data-parallel ranks: got "
+                         f"{train.batch_size}, {train.micro_batch_size} × {world_size}; change --train.batch_size "
+                         "or --train.micro_batch_size")
     return {
         "train_batch_size": train.batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
-        "gradient_accumulation_steps": train.batch_size // train.micro_batch_size,
+        "gradient_accumulation_steps": train.batch_size // per_step,
         "gradient_clipping": optim.max_norm,
         "zero_optimization": {"stage": ds.zero_stage, "overlap_comm": False},
         "bf16": {"enabled": ds.param_dtype == "bf16"},
@@ -91,13 +99,12 @@ class DeepSpeedTrainEngine:
                  total_optimizer_steps: int, pad_id: int, sleep_buffer: PinnedHostBuffer | None = None):
         import deepspeed
 
-        if train.batch_size % train.micro_batch_size:
-            raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size: got "
-                             f"{train.batch_size} and {train.micro_batch_size}")
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # data-parallel ranks of this role
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(optim, ds, train), lr_scheduler=make_scheduler_factory(optim, total_optimizer_steps))
+            config=ds_config(optim, ds, train, self.world_size),
+            lr_scheduler=make_scheduler_factory(optim, total_optimizer_steps))
         self.micro_batch_size, self.pad_id = train.micro_batch_size, pad_id
         self.is_zero3, self.can_sleep = ds.zero_stage == 3, ds.enable_sleep and device_name() == "cuda"
         if ds.enable_sleep and not self.can_sleep:
@@ -127,14 +134,16 @@ class DeepSpeedTrainEngine:
                           is_boundary: bool) -> dict:
         """Backward one micro-batch; the optimizer steps when `is_boundary` (the caller's last micro-batch).
 
-        `loss_fn` returns a loss already normalised for the whole optimizer step (a global token mean), so DeepSpeed
-        must not divide it by the accumulation steps again; the caller owns the boundary, so an optimizer step may
-        hold fewer micro-batches than `train.batch_size` implies (a filtered or token-budgeted step).
+        `loss_fn` returns a loss already normalised for the whole optimizer step (a global token mean over every
+        rank's samples), so DeepSpeed must not divide it by the accumulation steps again, and its average over the
+        data-parallel ranks is undone (× ranks) so the ranks' gradients add up; the caller owns the boundary, so an
+        optimizer step may hold fewer micro-batches than `train.batch_size` implies (a filtered or token-budgeted
+        step). Every rank must make the same number of calls per optimizer step.
         """
         self.engine.train()
         self.engine.set_gradient_accumulation_boundary(is_boundary)
         loss, stats = loss_fn(self.engine)
-        self.engine.backward(loss, scale_wrt_gas=False)
+        self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
         self.engine.step()
         if is_boundary:
             stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)

@@ -53,11 +53,29 @@ def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)
 
 
+def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batching: MicroBatching, rank: int,
+                       world_size: int) -> list[list[int]]:
+    """This rank's micro-batches of one optimizer step: its share of the samples (every `world_size`-th, from
+    `rank`) cut as usual, then padded with empty micro-batches to the most any rank has. Every rank computes every
+    rank's cut from the same lengths, so all make the same number of backward calls without communicating."""
+    cuts = [split_micro_batches(step_idx[r::world_size], sequence_lengths, batching) for r in range(world_size)]
+    most = max(len(cut) for cut in cuts)
+    return cuts[rank] + [[] for _ in range(most - len(cuts[rank]))]
+
+
+def _no_samples_loss(model) -> tuple[torch.Tensor, dict]:
+    """An empty micro-batch's loss: zero, yet touching every trainable parameter, so each gets its (zero) gradient
+    and DeepSpeed's gradient reduction runs as on the other ranks."""
+    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0, {}
+
+
 def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], plan: BatchPlan,
                 build_loss: LossBuilder) -> dict:
     """Run every optimizer step of the step's samples; returns per-step losses and token-weighted stat means.
 
-    `lengths`: (prompt tokens, response tokens) of each sample.
+    `lengths`: (prompt tokens, response tokens) of each sample. Data-parallel ranks (`engine.world_size` > 1) each
+    pass every sample and the same seed: they shuffle alike, and each trains on its share of every optimizer step
+    while the loss stays one token mean over the whole step.
     """
     n, sequence_lengths = len(lengths), [p + r for p, r in lengths]
     totals, weights, last = defaultdict(float), defaultdict(float), {}
@@ -69,16 +87,33 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
             step_idx = order[start:start + plan.batch_size]
             num_tokens = float(sum(lengths[i][1] for i in step_idx)) or 1.0
             num_sequences = sum(lengths[i][1] > 0 for i in step_idx) or 1
-            micro_batches = split_micro_batches(step_idx, sequence_lengths, plan.batching)
+            micro_batches = rank_micro_batches(step_idx, sequence_lengths, plan.batching, engine.rank,
+                                               engine.world_size)
             for m, indices in enumerate(micro_batches):
+                is_boundary = m == len(micro_batches) - 1
+                if not indices:
+                    last |= engine.train_micro_batch(_no_samples_loss, is_boundary)
+                    continue
                 sequence_share = sum(lengths[i][1] > 0 for i in indices) / num_sequences
                 share = MicroBatchShare(indices, num_tokens, sequence_share, plan.batching.is_packed)
                 loss_fn, tokens = build_loss(share)
-                stats = engine.train_micro_batch(loss_fn, is_boundary=m == len(micro_batches) - 1)
+                stats = engine.train_micro_batch(loss_fn, is_boundary)
                 last |= {k: stats.pop(k) for k in ("grad_norm", "lr") if k in stats}
                 for key, value in stats.items():
                     totals[key] += value if key in ADDITIVE_KEYS else value * tokens
                     weights[key] += 1.0 if key in ADDITIVE_KEYS else tokens
             num_steps += 1
+    if engine.world_size > 1:
+        totals, weights = _sum_over_ranks(totals), _sum_over_ranks(weights)
     result = {k: totals[k] / (num_steps if k in ADDITIVE_KEYS else weights[k]) for k in totals if weights[k]}
     return result | last
+
+
+def _sum_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Each key's sum over the data-parallel ranks (a rank may lack a key when it had no samples)."""
+    import torch.distributed as dist
+
+    gathered: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, dict(values))
+    keys = sorted({key for part in gathered for key in part})
+    return {key: sum(part.get(key, 0.0) for part in gathered) for key in keys}

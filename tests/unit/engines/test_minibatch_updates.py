@@ -27,6 +27,7 @@ class TorchTrainEngine:
 
     def __init__(self, model: torch.nn.Module):
         self.module, self.pad_id = model, 0
+        self.rank, self.world_size = 0, 1
         self.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         self.step_gradients: dict[str, torch.Tensor] = {}  # what the optimizer step applied
         self.boundaries: list[bool] = []
@@ -136,3 +137,19 @@ def test_a_sample_longer_than_the_budget_trains_alone():
     assert max(n for _, n, _ in engine.micro_batches) == 11
     assert engine.boundaries == [False] * (len(engine.boundaries) - 1) + [True]
     _assert_same_gradients(gradients, fixed, "budget 9")
+
+
+def test_ranks_cut_their_shares_and_pad_to_the_same_number_of_micro_batches():
+    from hybrid_core.engines.minibatch_updates import rank_micro_batches
+
+    lengths = [p + r for p, r in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS)]  # 9 8 10 3 10 10 10 11
+    step = list(range(8))
+    fixed = MicroBatching(3, None, False)
+    # rank 0 takes samples 0 2 4 6, rank 1 takes 1 3 5 7; three at a time
+    assert rank_micro_batches(step, lengths, fixed, 0, 2) == [[0, 2, 4], [6]]
+    assert rank_micro_batches(step, lengths, fixed, 1, 2) == [[1, 3, 5], [7]]
+    packed = MicroBatching(3, 20, True)
+    # packed within 20 tokens: rank 0 9+10 | 10+10; rank 1 8+3 | 10 | 11 → rank 0 gets one empty micro-batch
+    assert rank_micro_batches(step, lengths, packed, 0, 2) == [[0, 2], [4, 6], []]
+    assert rank_micro_batches(step, lengths, packed, 1, 2) == [[1, 3], [5], [7]]
+    assert rank_micro_batches(step, lengths, packed, 0, 1) == [[0, 1], [2, 3], [4, 5], [6], [7]]

@@ -156,7 +156,9 @@ def role_bundles(cfg: RunConfig) -> tuple[int, dict[str, tuple[int, float]]]:
     cpu_per_bundle = math.floor(1000 / num_bundles) / 1000
     bundles, offset = {}, 0
     for group in layout.groups:
-        share = group.gpu_share if cfg.train.device == "cuda" else round(cpu_per_bundle / len(group.roles), 3)
+        # rounded down: the roles' shares must add up to no more than their bundle, or one is never placed
+        cpu_share = math.floor(cpu_per_bundle / len(group.roles) * 1000) / 1000
+        share = group.gpu_share if cfg.train.device == "cuda" else cpu_share
         bundles |= {role: (offset, share) for role in group.roles}
         offset += group.num_bundles
     bundles.setdefault("rollout", bundles["actor"])
@@ -243,10 +245,7 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int, gpu_total_gib: float
         gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
-    if cfg.train.device == "cpu" and cfg.actor_world_size > 1:
-        problems.append("flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU "
-                        f"(got {cfg.actor_world_size}); use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
-    problems += _slice_problems(cfg) + _missing_inputs(cfg) + _memory_problems(cfg, gpu_total_gib)
+    problems += _rank_problems(cfg) + _slice_problems(cfg) + _missing_inputs(cfg) + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
     if num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
@@ -267,13 +266,27 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
     return [f"GPU memory: {fit_summary(plan)}, in phase {plan.peak_phase.name}; `hybrid plan` lists every term"]
 
 
+def _rank_problems(cfg: RunConfig) -> list[str]:
+    """Data-parallel DeepSpeed ranks: one node, ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares would have
+    to run in lockstep), and on GPUs only once a machine of several GPUs has run them."""
+    problems, world = [], cfg.actor_world_size
+    nodes = {f"{role}.num_nodes": block.num_nodes for role, block in
+             (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic)) if block.num_nodes > 1}
+    if nodes:
+        problems.append("not implemented yet: ranks on several nodes (" + ", ".join(f"{k} {v}" for k, v in
+                        nodes.items()) + "); use num_nodes 1 and num_gpus_per_node for the ranks")
+    if world > 1 and cfg.ds.zero_stage == 3:
+        problems.append(f"not implemented yet: ZeRO-3 with several actor ranks (got {world}); use --ds.zero_stage "
+                        "2, or --actor.num_gpus_per_node 1")
+    if world > 1 and cfg.train.device == "cuda":
+        problems.append(f"not implemented yet: more than one actor rank on GPUs (got {world}; runs on CPU, not "
+                        "yet verified on GPUs); use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
+    return problems
+
+
 def _slice_problems(cfg: RunConfig) -> list[str]:
-    """Shapes of runs whose code path does not exist yet: multi-rank DeepSpeed on GPUs, several engines or TP > 1
-    (they need machines of several GPUs, not lent here yet)."""
+    """Shapes of runs whose GPU code path does not exist yet: several engines colocated on GPUs or TP > 1."""
     problems = []
-    if cfg.train.device == "cuda" and cfg.actor_world_size > 1:
-        problems.append(f"not implemented yet: more than one actor rank on GPUs (got {cfg.actor_world_size}); "
-                        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
     if cfg.vllm.tensor_parallel_size > 1:
         problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
     if (cfg.vllm.num_engines or 1) > 1 and sync_transport(cfg) == "cuda_ipc":

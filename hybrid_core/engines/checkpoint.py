@@ -39,8 +39,10 @@ def save_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
     is_local = "file" in fs.protocol
     local_root = Path(root if is_local else tempfile.mkdtemp(prefix="hybrid-ckpt-")) / f"_{role}"
     engine.engine.save_checkpoint(str(local_root), tag=tag_of(step), client_state=client_state)
-    if not is_local:
-        fs.put(str(local_root / tag_of(step)), f"{root}/_{role}/{tag_of(step)}", recursive=True)
+    if not is_local:  # each data-parallel rank uploads the files it wrote (its optimizer partition; rank 0 the model)
+        local_tag = local_root / tag_of(step)
+        for path in sorted(p for p in local_tag.rglob("*") if p.is_file()):
+            fs.put_file(str(path), f"{root}/_{role}/{tag_of(step)}/{path.relative_to(local_tag).as_posix()}")
         shutil.rmtree(local_root.parent, ignore_errors=True)
     return f"{ckpt_root.rstrip('/')}/_{role}/{tag_of(step)}"
 

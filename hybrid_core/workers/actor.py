@@ -27,6 +27,7 @@ from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, re
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.types import RunRef, StageResult
+from hybrid_core.workers import rank_group
 from hybrid_core.workers.weight_sender import WeightSender
 
 
@@ -54,6 +55,7 @@ class ActorWorkerArgs:
     max_num: int
     sync_transport: str = "object_store"  # | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
     num_engines: int = 1
+    role_ranks: tuple[tuple[str, int], ...] = ()  # (role, data-parallel ranks) of actor, ref and critic; absent: 1
 
 
 # wall-clock and device-memory figures: excluded from hashes and replay checks
@@ -65,9 +67,12 @@ def make_kl_controller(kl: KlConfig):
 
 
 class ActorWorker:
-    def __init__(self, run: RunRef, args: ActorWorkerArgs):
+    """Rank `rank` of the policy's data-parallel ranks; the tasks call rank 0, which leads the others
+    (`rank_group`)."""
+
+    def __init__(self, run: RunRef, args: ActorWorkerArgs, rank: int = 0):
         clear_stale_build_locks(args.extensions_dir)
-        self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
+        self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
         self.tokenizer = load_tokenizer(args.model_path)
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
         self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
@@ -75,7 +80,7 @@ class ActorWorker:
                                            sleep_buffer)
         self.engine.sleep()
         self.kl_controller = make_kl_controller(args.kl)
-        self.sinks = MetricSinks(args.sinks)
+        self.sinks = MetricSinks(args.sinks) if rank == 0 else None
         self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
 
@@ -93,7 +98,7 @@ class ActorWorker:
         start = time.perf_counter()
         reset_memory_peak()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
-        table, stats = make_advantage_table(self.engine, self.store.read(step, "rollout"),
+        table, stats = make_advantage_table(_ShardedPolicy(self), self.store.read(step, "rollout"),
                                             self.store.read(step, "reward"), self._sources(), settings,
                                             self.args.penalties, self.args.experience_batching)
         path = self.store.commit(step, "advantage", table, step - 1)
@@ -106,32 +111,53 @@ class ActorWorker:
                                  self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
 
     def _remote_forward(self, role: str, method: str):
+        """`role`'s forward of the rows, its ranks each taking a share."""
         def forward(prompt_ids, response_ids):
-            worker = ray.get_actor(self.run.actor_name(role), namespace=self.run.namespace)
-            return ray.get(getattr(worker, method).remote(prompt_ids, response_ids), timeout=self.run.stage_timeout_s)
+            workers = rank_group.all_ranks(self.run, role, self._num_ranks(role))
+            remote = [lambda p, r, w=w: getattr(w, method).remote(p, r) for w in workers]
+            return rank_group.sharded_rows(prompt_ids, response_ids, remote, self.run.stage_timeout_s)
         return forward
+
+    def _num_ranks(self, role: str) -> int:
+        return dict(self.args.role_ranks).get(role, 1)
+
+    def _peers(self) -> list:
+        """Ranks 1..n-1 of the policy (rank 0 only calls them)."""
+        return rank_group.peers(self.run, "actor", self._num_ranks("actor"))
 
     def train(self, step: int) -> StageResult:
         if self.trained_step >= step:  # a re-attached actor that already trained this step
             return StageResult("train", step, 0.0, replayed=True, metrics=self.step_stats.get(step, {}))
         self.store.log_event(step, "train", "start")
         start = time.perf_counter()
-        stats = {"actor_frozen": 1.0}
-        if step > self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
-            wake_start = time.perf_counter()
-            reset_memory_peak()
-            self.engine.wake_up()
-            wake_s = time.perf_counter() - wake_start
-            loss = dataclasses.replace(self.args.loss, kl_coef=self.kl_controller.coef)
-            stats = fit_actor(self.engine, self._train_samples(step), loss, self._batch_plan(step), self.args.correction)
-            sleep_start = time.perf_counter()
-            self.engine.sleep()
-            stats |= {"timing_s/ds_wake": wake_s, "timing_s/ds_sleep": time.perf_counter() - sleep_start}
-            stats |= memory_peak_gib("actor_train")
+        coef = self.kl_controller.coef
+        peer_calls = [peer.train_share.remote(step, coef) for peer in self._peers()]
+        stats = rank_group.with_peers(peer_calls, lambda: self._fit(step, coef), self.run.stage_timeout_s)
         experience = self.step_stats.get(step, {})
         self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
         self.step_stats[step], self.trained_step = experience | stats, step
         return StageResult("train", step, time.perf_counter() - start, metrics=stats)
+
+    def _fit(self, step: int, kl_coef: float) -> dict:
+        """This rank's part of the step's policy update (the whole of it with one rank)."""
+        if step <= self.args.freezing_steps:  # the critic warms up first when critic.freezing_steps is set
+            return {"actor_frozen": 1.0}
+        wake_start = time.perf_counter()
+        reset_memory_peak()
+        self.engine.wake_up()
+        wake_s = time.perf_counter() - wake_start
+        loss = dataclasses.replace(self.args.loss, kl_coef=kl_coef)
+        stats = fit_actor(self.engine, self._train_samples(step), loss, self._batch_plan(step), self.args.correction)
+        sleep_start = time.perf_counter()
+        self.engine.sleep()
+        stats |= {"timing_s/ds_wake": wake_s, "timing_s/ds_sleep": time.perf_counter() - sleep_start}
+        return stats | memory_peak_gib("actor_train")
+
+    def train_share(self, step: int, kl_coef: float) -> dict:
+        """Ranks 1..n-1, called by rank 0's `train`: the same update on this rank's share of every step."""
+        stats = self._fit(step, kl_coef)
+        self.trained_step = step
+        return stats
 
     def _train_samples(self, step: int) -> TrainSamples:
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
@@ -154,11 +180,20 @@ class ActorWorker:
         rollouts = [ray.get_actor(self.run.actor_name("rollout", rank), namespace=self.run.namespace)
                     for rank in range(self.args.num_engines)]
         ray.get([r.begin_weight_update.remote() for r in rollouts], timeout=timeout)
-        sent = self.sender.send(self.engine.module, self.engine.is_zero3, rollouts)
+        if self.args.sync_transport == "cuda_ipc" and len(rollouts) > 1:  # rank r's GPU holds engine r
+            peer_calls = [peer.push_weights.remote(rank) for rank, peer in enumerate(self._peers(), start=1)]
+            sent = rank_group.with_peers(peer_calls, lambda: self.push_weights(0), timeout)
+        else:
+            sent = self.sender.send(self.engine.module, self.engine.is_zero3, rollouts)
         self.policy_version = min(ray.get([r.end_weight_update.remote(step) for r in rollouts], timeout=timeout))
         self.store.update_manifest(step, "sync", {"policy_version": step})
         self.store.log_event(step, "sync", "commit")
         return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
+
+    def push_weights(self, engine_rank: int) -> int:
+        """This rank's weights to the engine on its GPU (CUDA IPC); returns the bytes sent."""
+        engine = ray.get_actor(self.run.actor_name("rollout", engine_rank), namespace=self.run.namespace)
+        return self.sender.send(self.engine.module, self.engine.is_zero3, [engine])
 
     def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
         """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""
@@ -178,7 +213,9 @@ class ActorWorker:
         """DeepSpeed checkpoint of the policy with the client state resume needs; HF weights with ckpt.save_hf."""
         state = {"step": step, "policy_version": self.policy_version, "kl_coef": self.kl_controller.coef,
                  "rng": rng_state()}
-        uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, state)
+        peer_calls = [peer.save_share.remote(step) for peer in self._peers()]  # DeepSpeed saves collectively
+        uri = rank_group.with_peers(peer_calls, lambda: save_checkpoint(self.engine, self.args.ckpt_root, "actor",
+                                                                        step, state), self.run.stage_timeout_s)
         if self.args.save_hf:
             export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
         self.store.update_manifest(step, "checkpoint", f"global_step{step}")
@@ -190,9 +227,21 @@ class ActorWorker:
                 self.store.update_manifest(old, "checkpoint", None)
         return uri
 
+    def save_share(self, step: int) -> str:
+        """Ranks 1..n-1, called by rank 0's `save_checkpoint`: this rank's part of the DeepSpeed checkpoint."""
+        return save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, {"step": step})
+
+    def restore_share(self, step: int) -> int:
+        """Ranks 1..n-1, called by rank 0's `restore`."""
+        load_checkpoint(self.engine, self.args.ckpt_root, "actor", step)
+        self.trained_step = step
+        return step
+
     def restore(self, step: int) -> dict:
         """Load checkpoint `step`: weights, optimizer, scheduler, KL coefficient and RNG states."""
-        state = load_checkpoint(self.engine, self.args.ckpt_root, "actor", step)
+        peer_calls = [peer.restore_share.remote(step) for peer in self._peers()]
+        state = rank_group.with_peers(peer_calls, lambda: load_checkpoint(self.engine, self.args.ckpt_root, "actor",
+                                                                          step), self.run.stage_timeout_s)
         self.store.log_event(step, "checkpoint", "restore")
         self.kl_controller.coef = state["kl_coef"]
         set_rng_state(state["rng"])
@@ -201,13 +250,27 @@ class ActorWorker:
 
     def close(self) -> None:
         """Flush the metric sinks before the run's actors are killed."""
-        self.sinks.close()
+        if self.sinks is not None:
+            self.sinks.close()
 
     def logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_batching)
 
     def save_model(self, out_uri: str) -> str:
         return export_hf(self.engine, out_uri, self.tokenizer)
+
+
+class _ShardedPolicy:
+    """The policy's no-grad logprobs of the advantage stage, every data-parallel rank computing a share."""
+
+    def __init__(self, worker: ActorWorker):
+        self.worker = worker
+
+    def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
+        w = self.worker
+        remote = [lambda p, r, peer=peer: peer.logprobs_of.remote(p, r) for peer in w._peers()]
+        return rank_group.sharded_rows(prompt_ids, response_ids, remote, w.run.stage_timeout_s,
+                                       local=lambda p, r: w.engine.logprobs(p, r, batching))
 
 
 def check_reproduced(step: int, committed: dict, metrics: dict, atol: float = 1e-6) -> None:

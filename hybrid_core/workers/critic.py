@@ -18,6 +18,7 @@ from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.value_model import batched_values, load_value_model
 from hybrid_core.types import RunRef, StageResult
+from hybrid_core.workers import rank_group
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,13 @@ class CriticWorkerArgs:
     total_optimizer_steps: int
     extensions_dir: str
     ckpt_root: str
+    num_ranks: int = 1  # data-parallel ranks; the tasks call rank 0, which leads the others (`rank_group`)
 
 
 class CriticWorker:
-    def __init__(self, run: RunRef, args: CriticWorkerArgs):
+    def __init__(self, run: RunRef, args: CriticWorkerArgs, rank: int = 0):
         clear_stale_build_locks(args.extensions_dir)
-        self.run, self.args, self.store = run, args, RolloutStore(run.run_dir)
+        self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
         pad_id = load_tokenizer(args.model_path).pad_token_id
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
@@ -49,11 +51,20 @@ class CriticWorker:
     def ready(self) -> dict:
         return {"trained_step": self.trained_step}
 
+    def _peers(self) -> list:
+        return rank_group.peers(self.run, "critic", self.args.num_ranks) if self.rank == 0 else []
+
     def save_checkpoint(self, step: int) -> str:
-        return save_checkpoint(self.engine, self.args.ckpt_root, "critic", step, {"step": step})
+        """DeepSpeed saves collectively: rank 0 starts the other ranks' saves."""
+        peer_calls = [peer.save_checkpoint.remote(step) for peer in self._peers()]
+        return rank_group.with_peers(peer_calls, lambda: save_checkpoint(self.engine, self.args.ckpt_root, "critic",
+                                                                         step, {"step": step}),
+                                     self.run.stage_timeout_s)
 
     def restore(self, step: int) -> dict:
-        load_checkpoint(self.engine, self.args.ckpt_root, "critic", step)
+        peer_calls = [peer.restore.remote(step) for peer in self._peers()]
+        rank_group.with_peers(peer_calls, lambda: load_checkpoint(self.engine, self.args.ckpt_root, "critic", step),
+                              self.run.stage_timeout_s)
         self.trained_step = step
         return self.ready()
 
@@ -66,6 +77,13 @@ class CriticWorker:
         if self.trained_step >= step:  # a re-attached critic that already trained this step
             return StageResult("train", step, 0.0, replayed=True, metrics=self.last_metrics)
         start = time.perf_counter()
+        peer_calls = [peer.train.remote(step) for peer in self._peers()]  # each rank trains on its share
+        stats = rank_group.with_peers(peer_calls, lambda: self._fit(step), self.run.stage_timeout_s)
+        self.trained_step = step
+        self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
+        return StageResult("train", step, time.perf_counter() - start, metrics=self.last_metrics)
+
+    def _fit(self, step: int) -> dict:
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
         samples = CriticSamples(ro.column("prompt_ids").to_pylist(), ro.column("response_ids").to_pylist(),
                                 adv.column("values").to_pylist(), adv.column("returns").to_pylist())
@@ -74,6 +92,4 @@ class CriticWorker:
         stats = fit_critic(self.engine, samples, self.args.critic.value_clip,
                            BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, t.seed * 100019 + step))
         self.engine.sleep()
-        self.trained_step = step
-        self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
-        return StageResult("train", step, time.perf_counter() - start, metrics=self.last_metrics)
+        return stats

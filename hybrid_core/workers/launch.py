@@ -16,7 +16,7 @@ from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
-from hybrid_core.plan import role_bundles, sync_transport
+from hybrid_core.plan import make_placement, role_bundles, sync_transport
 from hybrid_core.types import RunRef
 from hybrid_core.workers import placement
 from hybrid_core.workers.actor import ActorWorker, ActorWorkerArgs
@@ -63,6 +63,13 @@ def num_engines(cfg: RunConfig) -> int:
     return cfg.vllm.num_engines or 1
 
 
+def role_ranks(cfg: RunConfig) -> dict[str, int]:
+    """Data-parallel ranks of the actor, reference and critic: one per bundle of the placement group each sits in
+    (a colocated group is as wide as its first role, the actor)."""
+    layout = make_placement(cfg)
+    return {role: layout.group_of(role).num_bundles for role in ("actor", "ref", "critic") if role in cfg.roles}
+
+
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
     samples_per_step = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
     return num_steps * cfg.train.max_epochs * max(1, -(-samples_per_step // cfg.train.batch_size))
@@ -101,13 +108,15 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef) -> ActorWorkerArgs:
                            forward_batching(cfg), train_batching(cfg), total_optimizer_steps(cfg, num_steps),
                            cfg.vllm.sync_bucket_mb * 2**20, cfg.roles, cfg.critic.freezing_steps,
                            placement.extensions_dir(), sink_settings(cfg, run), ckpt_root(cfg, run),
-                           cfg.ckpt.save_hf, cfg.ckpt.max_num, sync_transport(cfg), num_engines(cfg))
+                           cfg.ckpt.save_hf, cfg.ckpt.max_num, sync_transport(cfg), num_engines(cfg),
+                           tuple(role_ranks(cfg).items()))
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef) -> CriticWorkerArgs:
     path = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path or cfg.actor.model_name_or_path
     return CriticWorkerArgs(path, cfg.critic, cfg.ds, cfg.train, forward_batching(cfg), train_batching(cfg),
-                            total_optimizer_steps(cfg, num_steps), placement.extensions_dir(), ckpt_root(cfg, run))
+                            total_optimizer_steps(cfg, num_steps), placement.extensions_dir(), ckpt_root(cfg, run),
+                            role_ranks(cfg).get("critic", 1))
 
 
 def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
@@ -119,17 +128,33 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
     engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(index + rank, share), run, rollout_args(cfg), rank,
                         rank=rank) for rank in range(num_engines(cfg))]
     info = ray.get([e.info.remote() for e in engines], timeout=placement.READY_TIMEOUT_S)[0]
-    num_steps = info["num_steps"]
-    waits = [pg.spawn(ActorWorker, "actor", slots["actor"], run, actor_args(cfg, num_steps, run)).ready.remote()]
-    if cfg.uses_ref:
-        ref = pg.spawn(RefWorker, "ref", slots["ref"], cfg.actor.model_name_or_path, cfg.ds.param_dtype,
-                       forward_batching(cfg))
-        waits.append(ref.ready.remote())
+    num_steps, ranks = info["num_steps"], role_ranks(cfg)
+    waits = _spawn_ranks(pg, ActorWorker, "actor", slots["actor"], ranks["actor"], run,
+                         actor_args(cfg, num_steps, run))
+    if cfg.uses_ref:  # frozen replicas: no DeepSpeed group among them
+        waits += [pg.spawn(RefWorker, "ref", _rank_slot(slots["ref"], rank), cfg.actor.model_name_or_path,
+                           cfg.ds.param_dtype, forward_batching(cfg), rank=rank).ready.remote()
+                  for rank in range(ranks["ref"])]
     if cfg.uses_critic:
-        waits.append(pg.spawn(CriticWorker, "critic", slots["critic"], run,
-                              critic_args(cfg, num_steps, run)).ready.remote())
+        waits += _spawn_ranks(pg, CriticWorker, "critic", slots["critic"], ranks["critic"], run,
+                              critic_args(cfg, num_steps, run))
     ray.get(waits, timeout=placement.READY_TIMEOUT_S)
     return info
+
+
+def _rank_slot(first: placement.Slot, rank: int) -> placement.Slot:
+    """Rank r of a role sits on the r-th bundle of its group (with colocation, beside the other roles' rank r)."""
+    return placement.Slot(first.bundle_index + rank, first.share)
+
+
+def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int, run: RunRef,
+                 args) -> list:
+    """The role's DeepSpeed ranks, meeting at one rendezvous port; returns their `ready` calls (each rank's
+    DeepSpeed start-up waits until all have joined)."""
+    port = placement.free_port()
+    return [pg.spawn(cls, role, _rank_slot(first, rank), run, args, rank,
+                     rank=rank, rendezvous=placement.Rendezvous(rank, num_ranks, port)).ready.remote()
+            for rank in range(num_ranks)]
 
 
 def _live_state(run: RunRef, engines: int) -> dict | None:

@@ -59,8 +59,18 @@ FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKE
 TRAINER_THREADS = "1"
 
 
-def role_env(role: str, on_cpu: bool) -> dict[str, str]:
-    """Environment of a role's process, set through Ray's runtime env."""
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the data-parallel ranks of one DeepSpeed role meet (one node: its ranks share the port)."""
+
+    rank: int = 0
+    world_size: int = 1
+    port: int = 0  # 0: a free port of its own (a role of one rank)
+
+
+def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> dict[str, str]:
+    """Environment of a role's process, set through Ray's runtime env. Each rank sees only its own GPU (Ray sets
+    CUDA_VISIBLE_DEVICES), so its local rank is 0."""
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
     env |= {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     if role == "rollout":
@@ -68,7 +78,8 @@ def role_env(role: str, on_cpu: bool) -> dict[str, str]:
                 "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     else:
         env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                "MASTER_PORT": str(rendezvous.port or free_port()), "RANK": str(rendezvous.rank),
+                "LOCAL_RANK": "0", "WORLD_SIZE": str(rendezvous.world_size),
                 "OMP_NUM_THREADS": TRAINER_THREADS, "MKL_NUM_THREADS": TRAINER_THREADS}
     if on_cpu:
         env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
@@ -94,8 +105,9 @@ class RunPlacement:
                                   name=f"{run.run_id}/pg", lifetime="detached")
         ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)
 
-    def spawn(self, cls, role: str, slot: Slot, *args, rank: int = 0):
-        """Create the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one)."""
+    def spawn(self, cls, role: str, slot: Slot, *args, rank: int = 0, rendezvous: Rendezvous = Rendezvous()):
+        """Create the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one);
+        `rendezvous` places a DeepSpeed rank among its role's ranks."""
         name = self.run.actor_name(role, rank)
         kill_actor(name, self.run.namespace)
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
@@ -103,7 +115,7 @@ class RunPlacement:
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle_index)
         return ray.remote(cls).options(name=name, namespace=self.run.namespace, lifetime="detached",
                                        scheduling_strategy=strategy,
-                                       runtime_env={"env_vars": role_env(role, self.on_cpu)},
+                                       runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
                                        **resources).remote(*args)
 
     def remove(self) -> None:

@@ -69,9 +69,11 @@ def test_seed_preflight_without_gpus():
     problems = preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=0)
     num_flags = len(SEED_NOT_IMPLEMENTED)
     assert problems[:num_flags] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
-    assert problems[num_flags + 1] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
+    assert problems[num_flags].startswith("not implemented yet: ZeRO-3 with several actor ranks (got 4)")
+    assert problems[num_flags + 1].startswith("not implemented yet: more than one actor rank on GPUs (got 4;")
+    assert problems[num_flags + 2] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
                                        "--vllm.tensor_parallel_size 1")
-    assert problems[num_flags + 2].startswith("not implemented yet: several vLLM engines colocated on GPUs")
+    assert problems[num_flags + 3].startswith("not implemented yet: several vLLM engines colocated on GPUs")
     assert any(p.startswith("actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B-Thinking-2507'")
                for p in problems)
     assert problems[-1].startswith("needs 4 GPUs, found 0")
@@ -137,12 +139,18 @@ def test_cpu_device_asks_no_gpus():
     assert render_plan(cfg).startswith("device: cpu; needs 0 GPUs (1 bundles)")
 
 
-def test_cpu_device_refuses_a_distributed_actor():
-    cfg = config_with_inputs(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}},
-                 actor={"num_gpus_per_node": 2})
-    assert preflight_problems(cfg, num_gpus_found=0) == [
-        "flag not implemented yet: --actor.num_gpus_per_node × num_nodes > 1 on CPU (got 2); "
-        "use --actor.num_nodes 1 --actor.num_gpus_per_node 1"]
+def test_cpu_device_runs_data_parallel_actor_ranks_on_one_node_up_to_zero2():
+    def problems(**blocks):
+        cfg = config_with_inputs(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}}, **blocks)
+        return preflight_problems(cfg, num_gpus_found=0)
+
+    assert problems(actor={"num_gpus_per_node": 2}) == []
+    assert problems(actor={"num_gpus_per_node": 2}, ds={"zero_stage": 3}) == [
+        "not implemented yet: ZeRO-3 with several actor ranks (got 2); use --ds.zero_stage 2, or "
+        "--actor.num_gpus_per_node 1"]
+    assert problems(actor={"num_nodes": 2}) == [
+        "not implemented yet: ranks on several nodes (actor.num_nodes 2); use num_nodes 1 and num_gpus_per_node "
+        "for the ranks"]
 
 
 def test_seed_plan_appends_the_memory_estimate():
@@ -226,6 +234,10 @@ def test_colocated_roles_share_bundle_zero_and_weights_go_by_cuda_ipc():
     # on CPU one logical CPU is split between the three roles
     assert role_bundles(on_cpu) == (1, {"actor": (0, 0.333), "ref": (0, 0.333), "rollout": (0, 0.333)})
     assert sync_transport(on_cpu) == "object_store"
+    # two ranks: two bundles of 0.5 CPU, each split in three shares rounded down (0.167 × 3 would not fit 0.5)
+    two = parse_cli([*ONE_GPU, "--train.colocate_all", "--train.device", "cpu", "--vllm.num_engines", "2",
+                     "--algo.kl.init_coef", "0.01", "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2"])
+    assert role_bundles(two) == (2, {"actor": (0, 0.166), "ref": (0, 0.166), "rollout": (0, 0.166)})
 
 
 def test_separate_groups_get_bundles_of_their_own_and_a_process_group_sync():

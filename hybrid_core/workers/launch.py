@@ -157,15 +157,17 @@ def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Sl
             for rank in range(num_ranks)]
 
 
-def _live_state(run: RunRef, engines: int) -> dict | None:
-    """Policy versions held by the run's live actors (the oldest of the engines'), or None when any is gone."""
+def _live_state(run: RunRef, engines: int, ranks: dict[str, int]) -> dict | None:
+    """Policy versions held by the run's live actors (the oldest of the engines'), or None when any rank of any
+    role is gone (a lone rank 0 would wait forever for its peers in DeepSpeed's collectives)."""
     try:
         actor = ray.get(placement.get_worker(run, "actor").ready.remote(), timeout=60)
         infos = ray.get([placement.get_worker(run, "rollout", rank).info.remote() for rank in range(engines)],
                         timeout=60)
         rollout = infos[0] | {"policy_version": min(info["policy_version"] for info in infos)}
-        for role in set(run.roles) - {"actor", "rollout"}:
-            ray.get(placement.get_worker(run, role).ready.remote(), timeout=60)
+        ranks_left = [(role, rank) for role, count in ranks.items() for rank in range(count)]
+        ranks_left.remove(("actor", 0))  # asked above
+        ray.get([placement.get_worker(run, role, rank).ready.remote() for role, rank in ranks_left], timeout=60)
     except (ValueError, ray.exceptions.RayError):
         return None
     return actor | {"rollout_version": rollout["policy_version"], "num_steps": rollout["num_steps"]}
@@ -178,7 +180,7 @@ def start_workers(cfg: RunConfig, run: RunRef) -> dict:
     placement.connect()
     steps = RolloutStore(run.run_dir).manifest()["steps"]
     synced = max([int(k) for k, v in steps.items() if "sync" in v], default=0)
-    live = _live_state(run, num_engines(cfg))
+    live = _live_state(run, num_engines(cfg), role_ranks(cfg))
     common = {"model_uri": model_output_uri(cfg, run)}
     if live and live["policy_version"] == live["trained_step"] == live["rollout_version"] == synced:
         return common | {"num_steps": live["num_steps"], "resume_from": synced, "attached": True}

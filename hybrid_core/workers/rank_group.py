@@ -16,14 +16,18 @@ from hybrid_core.types import RunRef
 Rows = list[list[int]]
 
 
+def _handles(run: RunRef, role: str, ranks: range) -> list:
+    return [ray.get_actor(run.actor_name(role, rank), namespace=run.namespace) for rank in ranks]
+
+
 def all_ranks(run: RunRef, role: str, world_size: int) -> list:
     """Handles of ranks 0..world_size-1 of `role` (named `<run_id>/<role>/<rank>`)."""
-    return [ray.get_actor(run.actor_name(role, rank), namespace=run.namespace) for rank in range(world_size)]
+    return _handles(run, role, range(world_size))
 
 
 def peers(run: RunRef, role: str, world_size: int) -> list:
-    """Ranks 1..world_size-1: the ones rank 0 leads."""
-    return all_ranks(run, role, world_size)[1:]
+    """Ranks 1..world_size-1: the ones rank 0 leads (none, and no lookup, with one rank)."""
+    return _handles(run, role, range(1, world_size))
 
 
 def share_bounds(num_rows: int, num_parts: int) -> list[tuple[int, int]]:

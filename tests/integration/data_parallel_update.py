@@ -55,6 +55,10 @@ def main(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
     if engine.rank == 0:
         deltas = {n: after[n] - before[n] for n in before}
         torch.save({"deltas": deltas, "stats": stats, "world_size": engine.world_size}, out_path)
+    import torch.distributed as dist
+
+    dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

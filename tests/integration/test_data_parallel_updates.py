@@ -5,6 +5,7 @@ so both step together."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -17,12 +18,18 @@ pytestmark = pytest.mark.integration
 WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_update(tmp_path, tiny_model, world_size: int, zero_stage: int, layout: str) -> dict:
     out = tmp_path / f"update-{world_size}-{zero_stage}-{layout}.pt"
     env = os.environ | {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
-    port = str(29600 + 10 * world_size + zero_stage + (5 if layout == "packed" else 0))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size), "--master_port", port,
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size), "--master_port",
+           str(free_port()),
            str(WORKER), str(tiny_model), str(out), str(zero_stage), layout]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-4000:]

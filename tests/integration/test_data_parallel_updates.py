@@ -5,23 +5,17 @@ so both step together."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
+from hybrid_core.workers.placement import free_port
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_update(tmp_path, tiny_model, world_size: int, zero_stage: int, layout: str) -> dict:

@@ -67,7 +67,7 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     batching = MicroBatching(4, token_budget if packed else None, packed)
     plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
     seconds, mfu, tokens = [], [], []
-    for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator, flex_attention compiles)
+    for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator; flex_attention compiles)
         samples = _samples(step)
         seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(), plan))[0])
         lengths = [PROMPT_TOKENS + len(r) for r in samples.response_ids]
@@ -78,8 +78,8 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt")
     results.figure(figure, statistics.median(mfu[1:]), trials={"seconds": seconds, "tokens": tokens, "mfu": mfu},
                    note=f"{NUM_SAMPLES} samples a step (each step its own lengths), "
-                        f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, "
-                        f"median MFU of steps 2..{TIMED_STEPS + 1}")
+                        f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, attention "
+                        f"{trainer.module.config._attn_implementation}, median MFU of steps 2..{TIMED_STEPS + 1}")
     if profile:
         print_profile(lambda: fit_actor(trainer, _samples(TIMED_STEPS + 1), ActorLossSettings(), plan))
     del trainer

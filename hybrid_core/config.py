@@ -135,7 +135,7 @@ class DsConfig(ConfigBlock):
     ring_attn_size: int = Field(1, gt=0, description="ring attention group size")
     ring_attn_head_stride: int = Field(1, gt=0, description="ring attention head stride")
     packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row "
-                                  "(attention: flex_attention on CUDA, sdpa on CPU)")
+                                  "(attention: PyTorch varlen flash attention on CUDA, sdpa on CPU)")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")

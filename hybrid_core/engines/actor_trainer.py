@@ -13,7 +13,7 @@ from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatc
 from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import response_logits, token_logprobs
+from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,10 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
 
         def loss_fn(model):
             logits = response_logits(model, batch)
-            entropy = entropy_from_logits(logits.float()) if s.entropy_coef is not None else None
-            mb = PolicyMicroBatch(token_logprobs(logits, batch.response_ids), old, adv, mask, ref, entropy, weights)
+            entropy = to_response_layout(entropy_from_logits(logits.float()), batch) \
+                if s.entropy_coef is not None else None
+            logprobs = to_response_layout(token_logprobs(logits, batch.flat_response_ids), batch)
+            mb = PolicyMicroBatch(logprobs, old, adv, mask, ref, entropy, weights)
             return actor_objective(mb, s, share.num_tokens, share.sequence_share)
 
         return loss_fn, float(mask.sum())

@@ -6,13 +6,16 @@ nothing about training, Ray or where sequences come from.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
+from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PACKED_ATTENTION_KERNELS = ("varlen", "flex")  # HYBRID_PACKED_ATTENTION: the packed layout's kernel on CUDA
 
 
 def device_name() -> str:
@@ -36,11 +39,20 @@ def memory_peak_gib(name: str) -> dict[str, float]:
 def attn_implementation_for(is_packed: bool) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
 
-    Packed rows on CUDA use `flex_attention`: transformers builds a BlockMask of the samples from the position ids,
-    a varlen kernel with a backward (flash-attn is not installed). On CPU the default sdpa gets the same samples as
-    a dense block-diagonal causal mask: exact (the same logprobs as the padded layout), though no faster.
+    Packed rows on CUDA use PyTorch's varlen flash attention (`varlen_attention`, registered here), which has a
+    backward, needs no compile and reads the samples' boundaries from the batch (flash-attn is not installed).
+    `HYBRID_PACKED_ATTENTION=flex` picks `flex_attention` instead (transformers builds a BlockMask from the
+    positions; compiled on first use), as does a torch without `torch.nn.attention.varlen`. On CPU the default sdpa
+    gets the same samples as a dense block-diagonal causal mask: exact (the padded layout's logprobs), no faster.
     """
-    return "flex_attention" if is_packed and device_name() == "cuda" else None
+    if not (is_packed and device_name() == "cuda"):
+        return None
+    choice = os.environ.get("HYBRID_PACKED_ATTENTION", "varlen")
+    if choice not in PACKED_ATTENTION_KERNELS:
+        raise ValueError(f"HYBRID_PACKED_ATTENTION must be one of {sorted(PACKED_ATTENTION_KERNELS)}: got {choice!r}")
+    if choice == "varlen" and has_flash_varlen():
+        return register_varlen_attention()
+    return "flex_attention"
 
 
 def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None):

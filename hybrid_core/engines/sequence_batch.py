@@ -8,7 +8,7 @@ by `response_mask`, in both layouts. It knows nothing about DeepSpeed, vLLM or w
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import accumulate
 
 import torch
@@ -23,11 +23,22 @@ class SequenceBatch:
     #                                      that predict response token t
     response_ids: torch.Tensor           # (B, T) long, padded with 0
     response_mask: torch.Tensor          # (B, T) float 0/1
+    cu_seq_lens: torch.Tensor | None = None  # packed: (B + 1,) int32 sample boundaries in the row; None when padded
+    max_length: int = 0                  # packed: the longest sample (the varlen kernel's bound)
+
+    @property
+    def response_positions(self) -> torch.Tensor:
+        """(N,) the flat positions whose logits predict the N response tokens, in row-major (B, T) order."""
+        return self.response_index[self.response_mask.bool()]
+
+    @property
+    def flat_response_ids(self) -> torch.Tensor:
+        """(N,) the response tokens in the order of `response_positions`."""
+        return self.response_ids[self.response_mask.bool()]
 
     def to(self, device) -> "SequenceBatch":
-        return SequenceBatch(*(t.to(device) if t is not None else None for t in (
-            self.input_ids, self.attention_mask, self.position_ids, self.response_index, self.response_ids,
-            self.response_mask)))
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return SequenceBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 @dataclass(frozen=True)
@@ -52,15 +63,16 @@ def make_sequence_batch(prompt_ids: list[list[int]], response_ids: list[list[int
     if is_packed:
         input_ids = torch.tensor([[t for row in rows for t in row]], dtype=torch.long)
         position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-        attention_mask, starts = None, [0, *accumulate(lengths)][:-1]
-    else:
-        B, L = len(rows), max(lengths)
-        input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((B, L), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-            attention_mask[i, :len(row)] = 1
-        position_ids, starts = (attention_mask.cumsum(-1) - 1).clamp(min=0), [i * L for i in range(B)]
+        starts = [0, *accumulate(lengths)]
+        return SequenceBatch(input_ids, None, position_ids, *_response_tensors(prompt_ids, response_ids, starts[:-1]),
+                             cu_seq_lens=torch.tensor(starts, dtype=torch.int32), max_length=max(lengths))
+    B, L = len(rows), max(lengths)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    for i, row in enumerate(rows):
+        input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        attention_mask[i, :len(row)] = 1
+    position_ids, starts = (attention_mask.cumsum(-1) - 1).clamp(min=0), [i * L for i in range(B)]
     return SequenceBatch(input_ids, attention_mask, position_ids, *_response_tensors(prompt_ids, response_ids, starts))
 
 
@@ -108,23 +120,41 @@ def split_micro_batches(indices: list[int], sequence_lengths: list[int], batchin
     return micro_batches
 
 
+def model_inputs(batch: SequenceBatch) -> dict:
+    """The model's keyword arguments for `batch`. Packed, they include the samples' boundaries under transformers'
+    flash-attention names, which the varlen kernel reads (`varlen_attention`) and the others ignore."""
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+              "position_ids": batch.position_ids, "use_cache": False}
+    if batch.cu_seq_lens is not None:
+        inputs |= {"cu_seq_lens_q": batch.cu_seq_lens, "cu_seq_lens_k": batch.cu_seq_lens,
+                   "max_length_q": batch.max_length, "max_length_k": batch.max_length}
+    return inputs
+
+
 def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
-    """Logits (B, T, V) at the positions that predict each response token."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False).logits
-    return logits.flatten(0, 1)[batch.response_index]
+    """Logits (N, V) at the N positions that predict a response token (`batch.response_positions`). Packed, the
+    vocabulary head runs on those positions only (`logits_to_keep`), not on prompts; padded, on every position."""
+    if batch.attention_mask is None:
+        return model(**model_inputs(batch), logits_to_keep=batch.response_positions).logits[0]
+    return model(**model_inputs(batch)).logits.flatten(0, 1)[batch.response_positions]
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] in fp32 without materialising the whole log-softmax twice. (B, T)."""
+    """log softmax(logits)[token] in fp32 without materialising the whole log-softmax twice: (…, V) → (…)."""
     logits = logits.float()
     picked = torch.gather(logits, -1, token_ids.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def to_response_layout(values: torch.Tensor, batch: SequenceBatch) -> torch.Tensor:
+    """(N,) per-response-token values → (B, T), zero where `response_mask` is 0 (differentiable)."""
+    mask = batch.response_mask.bool()
+    return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+
 def response_logprobs(model, batch: SequenceBatch) -> torch.Tensor:
     """Per-token logprobs (B, T) of the response tokens, zero where `response_mask` is 0."""
-    return token_logprobs(response_logits(model, batch), batch.response_ids) * batch.response_mask
+    return to_response_layout(token_logprobs(response_logits(model, batch), batch.flat_response_ids), batch)
 
 
 def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:

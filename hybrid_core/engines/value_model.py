@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
-from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward
+from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward, model_inputs
 
 
 class ValueModel(nn.Module):
@@ -23,10 +23,11 @@ class ValueModel(nn.Module):
         nn.init.zeros_(head.weight)
         self.add_module(head_prefix, head)
 
-    def forward(self, input_ids, attention_mask, position_ids, use_cache: bool = False) -> torch.Tensor:
-        """Values (R, L): V of the state that ends at each position."""
+    def forward(self, input_ids, attention_mask, position_ids, use_cache: bool = False, **kwargs) -> torch.Tensor:
+        """Values (R, L): V of the state that ends at each position (`kwargs`: the attention kernel's, e.g. the
+        packed samples' boundaries)."""
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=use_cache).last_hidden_state
+                            use_cache=use_cache, **kwargs).last_hidden_state
         return getattr(self, self.head_prefix)(hidden).squeeze(-1)
 
 
@@ -43,7 +44,7 @@ def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
 
 def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """(B, T) values at the positions that precede each response token, zero where `response_mask` is 0."""
-    values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    values = model(**model_inputs(batch))
     return values.float().flatten()[batch.response_index] * batch.response_mask
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, micro_batch_tokens,
-                                                pad, response_logprobs, split_micro_batches, token_logprobs, unpad)
+                                                pad, response_logprobs, split_micro_batches, to_response_layout,
+                                                token_logprobs, unpad)
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
 
@@ -115,6 +116,22 @@ def test_packed_layout_by_hand():
     _equal(batch.response_ids, [[9, 10, 0], [11, 12, 13]])
     _equal(batch.response_mask, [[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
     assert batch.to("cpu").attention_mask is None
+    # the varlen kernel's boundaries: samples of 5 and 4 tokens; the flat response positions skip the padding
+    _equal(batch.cu_seq_lens, [0, 5, 9], dtype=torch.int32)
+    assert batch.max_length == 5 and batch.to("cpu").max_length == 5
+    _equal(batch.response_positions, [2, 3, 5, 6, 7])
+    _equal(batch.flat_response_ids, [9, 10, 11, 12, 13])
+    padded = make_sequence_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_id=0)
+    assert padded.cu_seq_lens is None and padded.max_length == 0
+
+
+def test_to_response_layout_fills_the_mask_in_order_and_passes_gradients():
+    batch = make_sequence_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_id=0, is_packed=True)
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], requires_grad=True)
+    laid_out = to_response_layout(values, batch)
+    _equal(laid_out.detach(), [[1, 2, 0], [3, 4, 5]], dtype=torch.float32)
+    (laid_out * torch.tensor([[10.0, 20.0, 30.0], [40.0, 50.0, 60.0]])).sum().backward()
+    _equal(values.grad, [10, 20, 40, 50, 60], dtype=torch.float32)  # the padded slot's 30 reaches no value
 
 
 def test_transformers_finds_the_packed_samples_from_the_positions():

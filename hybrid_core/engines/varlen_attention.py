@@ -1,0 +1,93 @@
+"""Packed-sample attention through PyTorch's built-in variable-length flash attention
+(`torch.nn.attention.varlen`), registered with transformers as the attention kernel `hybrid_varlen`.
+
+Owns the kernel call and its registration. The caller passes each micro-batch's sample boundaries as transformers'
+flash-attention keyword arguments (`cu_seq_lens_q`/`_k`, `max_length_q`/`_k`: see `sequence_batch.model_inputs`), so
+nothing is recomputed per layer, nothing is compiled and no mask is built (transformers builds none for a kernel
+without a mask function). Where the flash kernel cannot run (CPU, fp32) the same boundaries drive one causal sdpa call
+per sample: exact, and what the CPU tests check the plumbing with. It knows nothing about models, DeepSpeed or RL.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+VARLEN_ATTENTION = "hybrid_varlen"
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def has_flash_varlen() -> bool:
+    """Whether this torch ships `torch.nn.attention.varlen` (2.10 and later) and a GPU can run it."""
+    try:
+        from torch.nn.attention import varlen  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def register_varlen_attention() -> str:
+    """Make `hybrid_varlen` a transformers attention kernel in this process (idempotent); returns its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+    return VARLEN_ATTENTION
+
+
+def varlen_attention_forward(module, query, key, value, attention_mask, scaling: float | None = None,
+                             dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-kernel signature: query (1, Hq, L, D), key/value (1, Hkv, L, D) of one packed row →
+    ((1, L, Hq, D), no weights). Each sample attends causally within `cu_seq_lens_q[i]:cu_seq_lens_q[i+1]`; the
+    boundaries alone say what attends to what, so a mask transformers may have built from the positions is unused."""
+    cu_seq_lens, max_length = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu_seq_lens is None or max_length is None:
+        raise ValueError(f"the {VARLEN_ATTENTION} attention kernel needs the packed samples' boundaries "
+                         "(cu_seq_lens_q, max_length_q): build the batch with sequence_batch.make_sequence_batch("
+                         "is_packed=True) and call the model with sequence_batch.model_inputs(batch)")
+    if query.shape[0] != 1:
+        raise ValueError(f"the {VARLEN_ATTENTION} attention kernel takes one packed row: got {query.shape[0]} rows")
+    if dropout:
+        raise ValueError(f"the {VARLEN_ATTENTION} attention kernel has no dropout: got {dropout}")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (L, H, D)
+    scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if q.is_cuda and q.dtype in FLASH_DTYPES and has_flash_varlen():
+        out = _flash_varlen(q, k, v, cu_seq_lens.to(torch.int32), int(max_length), scale)
+    else:
+        out = _per_sample_sdpa(q, k, v, cu_seq_lens, scale)
+    return out.unsqueeze(0), None
+
+
+def _flash_varlen(q, k, v, cu_seq_lens, max_length: int, scale: float) -> torch.Tensor:
+    """Causal varlen flash attention, across the API changes of torch 2.10 (`is_causal`) and 2.11+
+    (`window_size=(-1, 0)`, `scale`, `enable_gqa`)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    options: dict = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    if "scale" in params:
+        options["scale"] = scale
+    elif abs(scale - q.shape[-1] ** -0.5) > 1e-12:
+        raise ValueError(f"this torch's varlen_attn has no `scale` and the model asks for {scale}: upgrade torch "
+                         f"or use another attention kernel")
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:
+            k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+
+
+def _repeat_kv_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(L, Hkv, D) → (L, Hq, D): query head h reads key/value head h // (Hq / Hkv), as transformers' repeat_kv."""
+    return t.repeat_interleave(num_heads // t.shape[1], dim=1)
+
+
+def _per_sample_sdpa(q, k, v, cu_seq_lens, scale: float) -> torch.Tensor:
+    """The exact fallback: causal sdpa on each sample's slice, concatenated back into the packed row."""
+    k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
+    bounds = cu_seq_lens.tolist()
+    parts = [F.scaled_dot_product_attention(*(t[s:e].transpose(0, 1) for t in (q, k, v)), is_causal=True,
+                                            scale=scale).transpose(0, 1)
+             for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+    return torch.cat(parts) if parts else q.new_zeros(q.shape)

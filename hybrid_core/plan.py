@@ -267,8 +267,8 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
 
 
 def _rank_problems(cfg: RunConfig) -> list[str]:
-    """Data-parallel DeepSpeed ranks: one node, ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares would have
-    to run in lockstep), and on GPUs only once a machine of several GPUs has run them."""
+    """Data-parallel DeepSpeed ranks: one node and ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares would have
+    to run in lockstep). Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py (2026-11-29)."""
     problems, world = [], cfg.actor_world_size
     nodes = {f"{role}.num_nodes": block.num_nodes for role, block in
              (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic)) if block.num_nodes > 1}
@@ -278,21 +278,20 @@ def _rank_problems(cfg: RunConfig) -> list[str]:
     if world > 1 and cfg.ds.zero_stage == 3:
         problems.append(f"not implemented yet: ZeRO-3 with several actor ranks (got {world}); use --ds.zero_stage "
                         "2, or --actor.num_gpus_per_node 1")
-    if world > 1 and cfg.train.device == "cuda":
-        problems.append(f"not implemented yet: more than one actor rank on GPUs (got {world}; runs on CPU, not "
-                        "yet verified on GPUs); use --actor.num_nodes 1 --actor.num_gpus_per_node 1")
     return problems
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:
-    """Shapes of runs whose GPU code path does not exist yet: several engines colocated on GPUs or TP > 1."""
+    """Shapes of runs whose code path does not exist yet: TP > 1, and colocated engines (CUDA IPC sync) that are not
+    one per actor rank (each rank pushes its weights to the engine on its own GPU)."""
     problems = []
     if cfg.vllm.tensor_parallel_size > 1:
         problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
-    if (cfg.vllm.num_engines or 1) > 1 and sync_transport(cfg) == "cuda_ipc":
-        problems.append("not implemented yet: several vLLM engines colocated on GPUs (one actor rank per engine is "
-                        "required); use --vllm.num_engines 1, or give the engines GPUs of their own (no "
-                        "--train.colocate_all)")
+    engines, world = cfg.vllm.num_engines or 1, cfg.actor_world_size
+    if engines > 1 and sync_transport(cfg) == "cuda_ipc" and engines != world:
+        problems.append(f"not implemented yet: several vLLM engines colocated on GPUs other than one per actor rank "
+                        f"(got {engines} engines and {world} actor ranks); use --vllm.num_engines {world}, or give "
+                        "the engines GPUs of their own (no --train.colocate_all)")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
         problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")

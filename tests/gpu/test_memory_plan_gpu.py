@@ -32,7 +32,11 @@ def planned_gib(standin, tokens: int) -> dict[str, float]:
 
 
 def test_plan_matches_the_measured_training_peak_within_15_percent(cuda, standin):
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    from hybrid_core.workers.placement import free_port
+
+    # a port of its own: this session's earlier tests may still hold the process group of MASTER_PORT
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+                        "MASTER_PORT": str(free_port())}
     done = subprocess.run([sys.executable, str(REPO_ROOT / "tests" / "gpu" / "memory_probe.py"), str(standin),
                            *map(str, TOKEN_COUNTS)], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -70,10 +70,11 @@ def test_seed_preflight_without_gpus():
     num_flags = len(SEED_NOT_IMPLEMENTED)
     assert problems[:num_flags] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
     assert problems[num_flags].startswith("not implemented yet: ZeRO-3 with several actor ranks (got 4)")
-    assert problems[num_flags + 1].startswith("not implemented yet: more than one actor rank on GPUs (got 4;")
-    assert problems[num_flags + 2] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
+    assert problems[num_flags + 1] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
                                        "--vllm.tensor_parallel_size 1")
-    assert problems[num_flags + 3].startswith("not implemented yet: several vLLM engines colocated on GPUs")
+    assert problems[num_flags + 2] == ("not implemented yet: several vLLM engines colocated on GPUs other than one "
+                                       "per actor rank (got 2 engines and 4 actor ranks); use --vllm.num_engines 4, "
+                                       "or give the engines GPUs of their own (no --train.colocate_all)")
     assert any(p.startswith("actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B-Thinking-2507'")
                for p in problems)
     assert problems[-1].startswith("needs 4 GPUs, found 0")
@@ -87,6 +88,13 @@ def test_fully_implemented_config_has_no_problems():
     assert not_implemented(cfg) == []
     assert preflight_problems(cfg, num_gpus_found=1) == []
     assert render_plan(cfg).splitlines()[-1] == "not implemented yet: none"
+
+
+def test_two_colocated_ranks_with_one_engine_each_are_accepted_on_gpus():
+    cfg = parse_cli(["--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2",
+                     "--train.colocate_all", "--vllm.enable_sleep", "--ds.enable_sleep", "--ds.zero_stage", "2",
+                     "--rollout.n_samples_per_prompt", "2", *INPUT_FLAGS])
+    assert preflight_problems(cfg, num_gpus_found=2) == []
 
 
 def test_default_config_sets_nothing_unimplemented():

@@ -8,6 +8,7 @@ uniformly drawn lengths in [256, 3840], 64 samples (one optimizer step), ZeRO-2 
 """
 from __future__ import annotations
 
+import gc
 import json
 import statistics
 from pathlib import Path
@@ -41,8 +42,8 @@ def _samples(seed: int):
     return TrainSamples(prompts, responses, old, None, adv)
 
 
-def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int, checkpointing: bool):
-    ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed}
+def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int, checkpointing: bool, liger: bool):
+    ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed, "use_liger_kernel": liger}
     train = {"batch_size": NUM_SAMPLES, "micro_batch_size": 4, "device": "cuda" if param_dtype != "fp32" else "cpu",
              "dynamic_batch_enable": packed, "max_tokens_per_gpu": token_budget}
     return single_rank_trainer(model_dir, lr=1e-7, ds=ds, train=train, total_steps=100,
@@ -51,9 +52,10 @@ def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int,
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
                     param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True,
-                    profile: bool = False) -> None:
+                    profile: bool = False, liger: bool = False) -> None:
     """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens) or `..._padded` (4 samples
-    a row), `..._no_ckpt` without gradient checkpointing (nothing recomputed: more activation memory).
+    a row), `..._no_ckpt` without gradient checkpointing (nothing recomputed: more activation memory), `..._liger`
+    with `ds.use_liger_kernel` (Liger's RMSNorm, rotary and SwiGLU kernels; patches the process: measure it last).
     (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.) `profile`: one more
     step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes)."""
     import torch
@@ -63,7 +65,7 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     from hybrid_core.engines.minibatch_updates import BatchPlan
     from hybrid_core.engines.sequence_batch import MicroBatching
 
-    trainer = _trainer(model_dir, packed, param_dtype, token_budget, checkpointing)
+    trainer = _trainer(model_dir, packed, param_dtype, token_budget, checkpointing, liger)
     batching = MicroBatching(4, token_budget if packed else None, packed)
     plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
     seconds, mfu, tokens = [], [], []
@@ -73,16 +75,20 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
         lengths = [PROMPT_TOKENS + len(r) for r in samples.response_ids]
         mfu.append(flops_per_step(model_dir, lengths) / seconds[-1] / (tflops * 1e12))
         tokens.append(sum(lengths))
-        print(f"[bench] train {name} {'packed' if packed else 'padded'}{'' if checkpointing else ' no-ckpt'} step "
+        print(f"[bench] train {name} {'packed' if packed else 'padded'}{'' if checkpointing else ' no-ckpt'}"
+              f"{' liger' if liger else ''} step "
               f"{step}: {seconds[-1]:.2f} s, {tokens[-1]} tokens, MFU {mfu[-1]:.1%}", flush=True)
-    figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt")
+    figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt") \
+        + ("_liger" if liger else "")
     results.figure(figure, statistics.median(mfu[1:]), trials={"seconds": seconds, "tokens": tokens, "mfu": mfu},
                    note=f"{NUM_SAMPLES} samples a step (each step its own lengths), "
                         f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, attention "
                         f"{trainer.module.config._attn_implementation}, median MFU of steps 2..{TIMED_STEPS + 1}")
     if profile:
         print_profile(lambda: fit_actor(trainer, _samples(TIMED_STEPS + 1), ActorLossSettings(), plan))
+    trainer.engine.destroy()  # DeepSpeed's hooks and buffers hold the states otherwise (a later 4B ran out of memory)
     del trainer
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 

@@ -9,7 +9,7 @@ Issue #7's sections (→ h200-train-<date>.json): `train` (MFU through fit_actor
 Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
   python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
-  (`train4b` alone measures the 4B MFU without the 1.7B figures)
+  (`train4b` alone measures the 4B MFU without the 1.7B figures; `train_liger` both with --ds.use_liger_kernel)
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
 from __future__ import annotations
@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
                                  "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
     sections = args.only.split(",")
-    needs_anchors = {"anchors", "train", "train4b"} & set(sections) or ("vllm" in sections and "gen" in args.vllm_parts)
+    needs_anchors = {"anchors", "train", "train4b", "train_liger"} & set(sections) \
+        or ("vllm" in sections and "gen" in args.vllm_parts)
     ceilings = anchors(results) if needs_anchors else {"copy_gbps": 0.0}
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
@@ -198,6 +199,15 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
 
         results.section("train_4b", lambda: bench_train_mfu(results, args.model_4b, "4b", ceilings["tflops"],
                                                             token_budget=8192))  # 16k: logits + Adam > 140 GB
+    if "train_liger" in sections:  # last: Liger patches the model type process-wide
+        from bench_train import bench_train_mfu
+
+        results.section("train_1p7b_liger", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
+                                                                    liger=True))
+        if args.model_4b:
+            results.section("train_4b_liger", lambda: bench_train_mfu(results, args.model_4b, "4b",
+                                                                      ceilings["tflops"], token_budget=8192,
+                                                                      liger=True))
     if "sync4b" in sections and args.model_4b:
         from bench_vllm import bench_vllm
 

@@ -6,6 +6,7 @@ functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import shutil
@@ -50,7 +51,7 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "train.retry_delay_s", "logger.tensorboard_dir", "logger.wandb.key", "logger.wandb.org", "logger.wandb.group",
     "logger.wandb.project", "logger.wandb.run_name",
     # packing and dynamic batching (issue #7)
-    "ds.packing_samples", "train.dynamic_batch_enable", "train.max_tokens_per_gpu", "rollout.max_tokens_per_gpu",
+    "ds.packing_samples", "ds.use_liger_kernel", "train.dynamic_batch_enable", "train.max_tokens_per_gpu", "rollout.max_tokens_per_gpu",
 })
 
 # Choice fields where only some values work yet; checked even when the value is the default.
@@ -245,7 +246,8 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int, gpu_total_gib: float
         gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
-    problems += _rank_problems(cfg) + _slice_problems(cfg) + _missing_inputs(cfg) + _memory_problems(cfg, gpu_total_gib)
+    problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
+        + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
     if num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
@@ -279,6 +281,18 @@ def _rank_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"not implemented yet: ZeRO-3 with several actor ranks (got {world}); use --ds.zero_stage "
                         "2, or --actor.num_gpus_per_node 1")
     return problems
+
+
+def _kernel_problems(cfg: RunConfig) -> list[str]:
+    """Liger's kernels are Triton: CUDA only, and an optional package."""
+    if not cfg.ds.use_liger_kernel:
+        return []
+    if cfg.train.device != "cuda":
+        return [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device {cfg.train.device}; "
+                "drop --ds.use_liger_kernel"]
+    if importlib.util.find_spec("liger_kernel") is None:
+        return ["ds.use_liger_kernel needs the liger-kernel package: pip install 'hybrid-engine[liger]'"]
+    return []
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:

@@ -67,8 +67,10 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
 
 
 def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
-    """The trainable policy, with activation checkpointing when asked and the attention kernel of its layout."""
-    model = load_causal_lm(model_path, ds.param_dtype, attn_implementation_for(ds.packing_samples))
+    """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout and Liger's
+    kernels with `ds.use_liger_kernel`."""
+    model = load_causal_lm(model_path, ds.param_dtype, attn_implementation_for(ds.packing_samples),
+                           ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from hybrid_core.engines.liger_kernels import apply_liger_kernels
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 
@@ -55,15 +56,20 @@ def attn_implementation_for(is_packed: bool) -> str | None:
     return "flex_attention"
 
 
-def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None):
-    """Load a local HF causal LM; fails with the path when it is not a model directory."""
+def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None,
+                   use_liger: bool = False):
+    """Load a local HF causal LM (with Liger's kernels when `use_liger`); fails with the path when it is not a model
+    directory."""
     from transformers import AutoModelForCausalLM
 
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"actor.model_name_or_path must be a local HF model directory: got {model_path!r}; "
                                 f"no config.json there (this machine has no hub access: build or copy the model)")
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
-                                                attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
+                                                 attn_implementation=attn_implementation)
+    if use_liger:
+        apply_liger_kernels(model)
+    return model
 
 
 def load_tokenizer(model_path: str):
@@ -80,8 +86,9 @@ def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: Mic
 class FrozenModel:
     """The reference policy: loaded once, never trained; only answers logprob forwards."""
 
-    def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False):
-        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed))
+    def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False,
+                 use_liger: bool = False):
+        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed), use_liger)
         self.model = model.to(device_name()).eval()
         self.model.requires_grad_(False)
         self.pad_id = pad_id

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
+from hybrid_core.engines.liger_kernels import apply_liger_kernels
 from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward, model_inputs
 
 
@@ -32,13 +33,15 @@ class ValueModel(nn.Module):
 
 
 def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
-                     attn_implementation: str | None = None) -> ValueModel:
+                     attn_implementation: str | None = None, use_liger: bool = False) -> ValueModel:
     from transformers import AutoConfig, AutoModel
 
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"critic.model_name_or_path must be a local HF model directory: got {model_path!r}")
     backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                          attn_implementation=attn_implementation)
+    if use_liger:
+        apply_liger_kernels(backbone)
     return ValueModel(backbone, AutoConfig.from_pretrained(model_path).hidden_size, head_prefix)
 
 

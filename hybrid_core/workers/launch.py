@@ -133,7 +133,8 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> dict:
                          actor_args(cfg, num_steps, run))
     if cfg.uses_ref:  # frozen replicas: no DeepSpeed group among them
         waits += [pg.spawn(RefWorker, "ref", _rank_slot(slots["ref"], rank), cfg.actor.model_name_or_path,
-                           cfg.ds.param_dtype, forward_batching(cfg), rank=rank).ready.remote()
+                           cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel,
+                           rank=rank).ready.remote()
                   for rank in range(ranks["ref"])]
     if cfg.uses_critic:
         waits += _spawn_ranks(pg, CriticWorker, "critic", slots["critic"], ranks["critic"], run,

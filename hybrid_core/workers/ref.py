@@ -6,9 +6,9 @@ from hybrid_core.engines.sequence_batch import MicroBatching
 
 
 class RefWorker:
-    def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching):
+    def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching, use_liger: bool = False):
         pad_id = load_tokenizer(model_path).pad_token_id
-        self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed)
+        self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed, use_liger)
         self.batching = batching
 
     def ready(self) -> bool:

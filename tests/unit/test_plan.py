@@ -97,6 +97,22 @@ def test_two_colocated_ranks_with_one_engine_each_are_accepted_on_gpus():
     assert preflight_problems(cfg, num_gpus_found=2) == []
 
 
+def test_liger_kernels_need_cuda_and_the_package(monkeypatch):
+    import importlib.util
+
+    gpu = ["--ds.use_liger_kernel", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
+           "--vllm.num_engines", "1", "--train.colocate_all", "--rollout.n_samples_per_prompt", "2", *INPUT_FLAGS]
+    assert not_implemented(parse_cli(gpu)) == []
+    on_cpu = preflight_problems(parse_cli([*gpu, "--train.device", "cpu"]), num_gpus_found=0)
+    assert ("ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device cpu; drop "
+            "--ds.use_liger_kernel") in on_cpu
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel"
+                        else real_find_spec(name, *a))
+    assert preflight_problems(parse_cli(gpu), num_gpus_found=1) == [
+        "ds.use_liger_kernel needs the liger-kernel package: pip install 'hybrid-engine[liger]'"]
+
+
 def test_default_config_sets_nothing_unimplemented():
     assert not_implemented(RunConfig()) == []  # the default estimator gae has its critic since #3
 

@@ -26,7 +26,7 @@ from hybrid_core.engines.experience_maker import ExperienceSources, experience_s
 from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
-from hybrid_core.types import RunRef, StageResult
+from hybrid_core.types import RunRef, StageResult, stamped
 from hybrid_core.workers import rank_group
 from hybrid_core.workers.weight_sender import WeightSender
 
@@ -87,6 +87,7 @@ class ActorWorker:
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}
 
+    @stamped
     def make_experience(self, step: int) -> StageResult:
         if self.store.committed_entry(step, "advantage"):  # produced by exactly this policy: replay it
             table = self.store.read(step, "advantage")
@@ -125,6 +126,7 @@ class ActorWorker:
         """Ranks 1..n-1 of the policy (rank 0 only calls them)."""
         return rank_group.peers(self.run, "actor", self._num_ranks("actor"))
 
+    @stamped
     def train(self, step: int) -> StageResult:
         if self.trained_step >= step:  # a re-attached actor that already trained this step
             return StageResult("train", step, 0.0, replayed=True, metrics=self.step_stats.get(step, {}))
@@ -170,6 +172,7 @@ class ActorWorker:
         t = self.args.train
         return BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, seed=t.seed * 100003 + step)
 
+    @stamped
     def sync(self, step: int) -> StageResult:
         """Push the trained weights to the rollout engine bucket by bucket; the engines then hold version `step`."""
         if self.policy_version >= step:

@@ -17,7 +17,7 @@ from hybrid_core.engines.frozen_model import attn_implementation_for
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.value_model import batched_values, load_value_model
-from hybrid_core.types import RunRef, StageResult
+from hybrid_core.types import RunRef, StageResult, stamped
 from hybrid_core.workers import rank_group
 
 
@@ -73,6 +73,7 @@ class CriticWorker:
         return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
                               self.args.forward_batching)
 
+    @stamped
     def train(self, step: int) -> StageResult:
         if self.trained_step >= step:  # a re-attached critic that already trained this step
             return StageResult("train", step, 0.0, replayed=True, metrics=self.last_metrics)

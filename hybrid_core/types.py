@@ -5,9 +5,6 @@ It does not know how stages run or where datasets live beyond the run directory'
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import time
 from dataclasses import dataclass, field
 
 STAGES = ("rollout", "reward", "advantage", "train", "sync")
@@ -51,16 +48,5 @@ class StageResult:
     path: str = ""
     replayed: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
-    entered_at: float = 0.0  # wall clock (time.time()) when the worker began the call: see `stamped`
+    entered_at: float = 0.0  # wall clock (time.time()) when the worker began the call (workers.stage_clock)
 
-
-def stamped(method):
-    """Decorate a worker's stage method: its StageResult records when the worker began the call, so the caller can
-    tell dispatch (queueing, a worker busy between calls) from the stage's own seconds."""
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        entered = time.time()
-        return dataclasses.replace(method(self, *args, **kwargs), entered_at=entered)
-
-    return wrapper

@@ -6,6 +6,7 @@ Retries only where a stage is idempotent (seeded generation and scoring, committ
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -18,14 +19,15 @@ STAGE_OPTIONS = dict(cache_policy=NO_CACHE, retry_delay_seconds=5)
 
 def _stage_call(run: RunRef, role: str, method: str, step: int) -> StageResult:
     """Call the worker's stage method and log its result with the call's wall time beside the worker's own, and the
-    dispatch: from the call to the worker beginning it (Ray's queue, or the worker still busy after its last call)."""
+    dispatch: from the call to the worker beginning it (Ray's queue, or the worker still busy after its last call),
+    which also goes into the step's metrics row as `timing_s/dispatch_<stage>`."""
     started, started_wall = time.perf_counter(), time.time()
     result = call(run, role, method, step, step=step)
     call_s, dispatch_s = time.perf_counter() - started, max(0.0, result.entered_at - started_wall)
     extra = " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())
     get_run_logger().info("%s step %d: %d rows in %.2fs (call %.2fs, dispatch %.2fs) %s", result.stage, result.step,
                           result.rows, result.seconds, call_s, dispatch_s, extra)
-    return result
+    return replace(result, metrics=result.metrics | {f"timing_s/dispatch_{result.stage}": dispatch_s})
 
 
 @task(name="rollout", task_run_name="rollout-step-{step}", retries=2, **STAGE_OPTIONS)
@@ -60,6 +62,7 @@ def train(run: RunRef, step: int) -> StageResult:
 def sync(run: RunRef, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
     """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
     result = _stage_call(run, "actor", "sync", step)
+    extra = extra | {key: value for key, value in result.metrics.items() if "/" in key}  # as rl_step does
     return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra, step=step)
 
 

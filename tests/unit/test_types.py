@@ -1,9 +1,13 @@
-"""Unit tests for hybrid_core.types: run names and the worker-side stamp of a stage call's start."""
+"""Unit tests for hybrid_core.types (run names) and hybrid_core.workers.stage_clock (the worker-side stamp of a
+stage call's start and its GC pauses)."""
 import time
 
 import pytest
 
-from hybrid_core.types import RunRef, StageResult, stamped
+import gc
+
+from hybrid_core.types import RunRef, StageResult
+from hybrid_core.workers.stage_clock import stamped
 
 
 class _Worker:
@@ -19,8 +23,24 @@ def test_stamped_records_when_the_worker_began_and_keeps_the_result():
     result = _Worker().score(7)
     after = time.time()
     assert before <= result.entered_at <= after - 0.05  # stamped on entry, not on return
-    assert (result.stage, result.step, result.rows, result.metrics) == ("reward", 7, 3, {"x": 1.0})
+    assert (result.stage, result.step, result.rows, result.metrics["x"]) == ("reward", 7, 3, 1.0)
     assert _Worker.score.__doc__ == "Score step `step`."
+
+
+def test_stamped_reports_the_collector_pauses_since_the_last_stage():
+    gc.disable()  # only the explicit collection below may pause the process
+    try:
+        _Worker().score(1)  # the counter runs from here
+        garbage = [[[i] for i in range(200)] for _ in range(2000)]  # 400k tracked lists: a slow full collection
+        started = time.perf_counter()
+        gc.collect()
+        collected_s = time.perf_counter() - started
+        del garbage
+    finally:
+        gc.enable()
+    paused = _Worker().score(2).metrics["timing_s/gc_reward"]
+    assert 0.5 * collected_s <= paused <= collected_s + 0.05
+    assert _Worker().score(3).metrics["timing_s/gc_reward"] < 0.5 * collected_s  # reported once, then counted afresh
 
 
 def test_actor_names_and_unknown_roles():

@@ -6,7 +6,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from prefect import flow, tags
+from prefect import flow, get_client
+from prefect.runtime import flow_run
 
 from flows.credentials import export_store_credentials
 from flows.reporting import RunReport
@@ -20,6 +21,14 @@ from tasks.workers import checkpoint, open_run, save_model, start_workers, stop_
 def default_run_id(cfg: RunConfig) -> str:
     name = Path(cfg.actor.model_name_or_path or "run").name.lower().replace("_", "-")
     return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+
+
+def tag_flow_run(tag: str) -> None:
+    """Tag this flow run (not its task runs: a tagged task asks the server for concurrency slots before it starts,
+    and on the embedded SQLite server that request met `database is locked` and a 2 s retry after every long stage:
+    6 s of each 38 s iteration on the H200)."""
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, tags=[*flow_run.tags, tag])
 
 
 def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
@@ -36,20 +45,20 @@ def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) ->
               f"{', '.join(export_store_credentials(cfg.store.credentials_block))}")
     if not open_run(cfg, run) and resume:
         raise ValueError(f"resume: no run to resume at {run.run_dir}; start it without --resume")
-    with tags(f"run:{run.run_id}"):
-        info = start_workers(cfg, run)
-        num_steps, first = info["num_steps"], info["resume_from"] + 1
-        print(f"run {run.run_id}: steps {first}..{num_steps} of {num_steps}, data under {run.run_dir}")
-        report = RunReport(run.run_id, num_steps)
-        try:
-            for step in range(first, num_steps + 1):
-                metrics = rl_step(run, step)
-                if cfg.ckpt.save_steps > 0 and step % cfg.ckpt.save_steps == 0:
-                    checkpoint(run, step)
-                show = step % cfg.logger.logging_steps == 0 or step == num_steps
-                report.step_done(step, metrics, samples(run, step), print_line=show)
-            save_model(run, info["model_uri"])
-        finally:
-            stop_workers(run)
+    tag_flow_run(f"run:{run.run_id}")
+    info = start_workers(cfg, run)
+    num_steps, first = info["num_steps"], info["resume_from"] + 1
+    print(f"run {run.run_id}: steps {first}..{num_steps} of {num_steps}, data under {run.run_dir}")
+    report = RunReport(run.run_id, num_steps)
+    try:
+        for step in range(first, num_steps + 1):
+            metrics = rl_step(run, step)
+            if cfg.ckpt.save_steps > 0 and step % cfg.ckpt.save_steps == 0:
+                checkpoint(run, step)
+            show = step % cfg.logger.logging_steps == 0 or step == num_steps
+            report.step_done(step, metrics, samples(run, step), print_line=show)
+        save_model(run, info["model_uri"])
+    finally:
+        stop_workers(run)
     print(f"done in {time.perf_counter() - started:.0f}s; the run's data is in {run.run_dir}")
     return {"run_id": run.run_id, "run_dir": run.run_dir, "num_steps": num_steps, "model": info["model_uri"]}

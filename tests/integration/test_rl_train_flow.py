@@ -132,3 +132,26 @@ def test_hybrid_rollouts_prints_summaries_and_samples(reference_run):
     assert "4 samples" in lines[0]
     assert lines[4] == "reward of step 2 (first 3 rows):" and len(lines) == 8
     assert lines[5].startswith("  prompt_index=")
+
+
+def test_the_flow_run_carries_the_run_tag_and_its_task_runs_do_not(reference_run, prefect_server):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, TaskRunFilter, TaskRunFilterTags
+
+    with get_client(sync_client=True) as client:
+        tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=["run:reference"]))
+        flow_runs = client.read_flow_runs(flow_run_filter=tagged)
+        tagged_tasks = TaskRunFilter(tags=TaskRunFilterTags(all_=["run:reference"]))
+        task_runs = client.read_task_runs(task_run_filter=tagged_tasks)
+    assert len(flow_runs) == 1 and flow_runs[0].state.is_completed()
+    # a tagged task run asks for concurrency slots first: on the embedded server a 2 s retry after each long stage
+    assert task_runs == []
+
+
+def test_metrics_rows_carry_each_stages_dispatch_and_gc_seconds(reference_run):
+    _, result = reference_run
+    for step in (1, 2, 3):
+        row = pds.dataset(f"{result['run_dir']}/steps/{step}/metrics", format="parquet").to_table().to_pylist()[0]
+        for stage in ("rollout", "reward", "advantage", "train", "sync"):
+            assert 0.0 <= row[f"timing_s/dispatch_{stage}"] < 1.0, (step, stage)
+            assert 0.0 <= row[f"timing_s/gc_{stage}"] < 1.0, (step, stage)

@@ -27,8 +27,8 @@ from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, re
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.types import RunRef, StageResult
-from hybrid_core.workers.stage_clock import settle_heap, stamped
 from hybrid_core.workers import rank_group
+from hybrid_core.workers.stage_clock import stamped
 from hybrid_core.workers.weight_sender import WeightSender
 
 
@@ -84,7 +84,6 @@ class ActorWorker:
         self.sinks = MetricSinks(args.sinks) if rank == 0 else None
         self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
-        settle_heap()
 
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}

@@ -18,8 +18,8 @@ from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.value_model import batched_values, load_value_model
 from hybrid_core.types import RunRef, StageResult
-from hybrid_core.workers.stage_clock import settle_heap, stamped
 from hybrid_core.workers import rank_group
+from hybrid_core.workers.stage_clock import stamped
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,6 @@ class CriticWorker:
                                            sleep_buffer)
         self.engine.sleep()
         self.trained_step, self.last_metrics = 0, {}
-        settle_heap()
 
     def ready(self) -> dict:
         return {"trained_step": self.trained_step}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from hybrid_core.engines.frozen_model import FrozenModel, load_tokenizer
 from hybrid_core.engines.sequence_batch import MicroBatching
-from hybrid_core.workers.stage_clock import settle_heap
 
 
 class RefWorker:
@@ -11,7 +10,6 @@ class RefWorker:
         pad_id = load_tokenizer(model_path).pad_token_id
         self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed, use_liger)
         self.batching = batching
-        settle_heap()
 
     def ready(self) -> bool:
         return True

@@ -22,7 +22,7 @@ from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
 from hybrid_core.rewards.remote_http import remote_reward_func
 from hybrid_core.rewards.reward_func import load_reward_func
 from hybrid_core.types import RunRef, StageResult
-from hybrid_core.workers.stage_clock import settle_heap, stamped
+from hybrid_core.workers.stage_clock import stamped
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,6 @@ class RolloutWorker:
         self.policy_version = 0
         if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
             self.engine.sleep(level=1)
-        settle_heap()
 
     def info(self) -> dict:
         return {"num_steps": self.sampler.num_steps, "policy_version": self.policy_version}

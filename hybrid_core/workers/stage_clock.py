@@ -1,9 +1,8 @@
 """When a worker began each stage call, and the seconds its Python garbage collector paused it since its last one.
 
 Owns the `stamped` decorator of the workers' stage methods and a process-wide GC pause counter (Python's
-`gc.callbacks`), and settling a worker's heap after start-up. The flow's task logs the dispatch (call → worker start);
-`timing_s/gc_<stage>` says how much of a stage, and of the worker's time before it, went to collection. It knows
-nothing about what the stages do.
+`gc.callbacks`). The flow's task logs the dispatch (call → worker start); `timing_s/gc_<stage>` says how much of a
+stage, and of the worker's time before it, went to collection. It knows nothing about what the stages do.
 """
 from __future__ import annotations
 
@@ -29,14 +28,6 @@ def gc_seconds_since_last_report() -> float:
     paused = _gc_clock["paused_s"] - _gc_clock["reported_s"]
     _gc_clock["reported_s"] = _gc_clock["paused_s"]
     return paused
-
-
-def settle_heap() -> None:
-    """End of a worker's start-up: collect once, then take every surviving object (torch, transformers, vLLM, the
-    model's modules: about a million) out of the collector's scans (`gc.freeze`), so a full collection during a
-    stage walks only what the stages created instead of pausing the worker for seconds."""
-    gc.collect()
-    gc.freeze()
 
 
 def stamped(method):

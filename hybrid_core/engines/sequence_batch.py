@@ -2,9 +2,11 @@
 
 Owns the layout shared by the actor, reference and critic forwards. Padded: one right-padded row per sample.
 Packed (`ds.packing_samples`): the samples back to back in one row, positions restarting at 0 for each, no attention
-mask; transformers then finds the sample boundaries from the positions (`masking_utils.find_packed_sequence_indices`)
-and attends within each sample only. Response tensors are (B, T) with T the longest response, left-aligned, masked
-by `response_mask`, in both layouts. It knows nothing about DeepSpeed, vLLM or where the sequences came from.
+mask, and the samples' boundaries (`cu_seq_lens`) for the varlen kernel; the other kernels find the boundaries from the
+positions (`masking_utils.find_packed_sequence_indices`). Either way tokens attend within their own sample only.
+Response tensors are (B, T) with T the longest response, left-aligned, masked by `response_mask`, in both layouts;
+logits are taken at the N response positions only (`response_logits`). It knows nothing about DeepSpeed, vLLM or
+where the sequences came from.
 """
 from __future__ import annotations
 

@@ -236,3 +236,15 @@ def test_batched_forward_keeps_the_sample_order_under_every_batching(tiny_model)
                      MicroBatching(3, is_packed=True)):
         got = batched_logprobs(tiny_model, prompts, responses, 0, batching)
         torch.testing.assert_close(pad(got, 7), pad(expected, 7), rtol=0, atol=1e-5, msg=str(batching))
+
+
+@pytest.mark.parametrize("is_packed", [True, False])
+def test_a_micro_batch_of_empty_responses_backpropagates_zero(tiny_model, is_packed):
+    # no response token: the vocabulary head sees no position, yet the loss still backpropagates (zeros)
+    batch = make_sequence_batch([[5, 6, 7], [8, 9]], [[], []], pad_id=0, is_packed=is_packed)
+    logprobs = response_logprobs(tiny_model, batch)
+    logprobs.sum().backward()
+    grads = [p.grad for p in tiny_model.parameters() if p.grad is not None]
+    tiny_model.zero_grad()
+    assert logprobs.shape == (2, 1) and float(logprobs.abs().sum()) == 0.0
+    assert grads and all(float(g.abs().sum()) == 0.0 for g in grads)

@@ -9,6 +9,7 @@ per sample: exact, and what the CPU tests check the plumbing with. It knows noth
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -63,7 +64,7 @@ def _flash_varlen(q, k, v, cu_seq_lens, max_length: int, scale: float) -> torch.
     (`window_size=(-1, 0)`, `scale`, `enable_gqa`)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters
+    params = _parameter_names(varlen_attn)
     options: dict = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
     if "scale" in params:
         options["scale"] = scale
@@ -76,6 +77,12 @@ def _flash_varlen(q, k, v, cu_seq_lens, max_length: int, scale: float) -> torch.
         else:
             k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
     return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+
+
+@functools.cache
+def _parameter_names(fn) -> frozenset[str]:
+    """The keyword names `fn` takes, read once per function (the kernel runs once per layer and micro-batch)."""
+    return frozenset(inspect.signature(fn).parameters)
 
 
 def _repeat_kv_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:

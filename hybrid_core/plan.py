@@ -51,7 +51,8 @@ IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "train.retry_delay_s", "logger.tensorboard_dir", "logger.wandb.key", "logger.wandb.org", "logger.wandb.group",
     "logger.wandb.project", "logger.wandb.run_name",
     # packing and dynamic batching (issue #7)
-    "ds.packing_samples", "ds.use_liger_kernel", "train.dynamic_batch_enable", "train.max_tokens_per_gpu", "rollout.max_tokens_per_gpu",
+    "ds.packing_samples", "ds.use_liger_kernel", "train.dynamic_batch_enable", "train.max_tokens_per_gpu",
+    "rollout.max_tokens_per_gpu",
 })
 
 # Choice fields where only some values work yet; checked even when the value is the default.

@@ -23,7 +23,7 @@ def load_figures(pattern: str = "h200-hybrid-*.json") -> dict[str, tuple[object,
     figures = {}
     for path in sorted(RESULTS.glob(pattern)):
         data = json.loads(path.read_text())
-        source = f"{path.name} @ {data['meta']['git_sha']}"
+        source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
         figures |= {name: (value, source) for name, value in data["figures"].items()}
     return figures
 

@@ -15,5 +15,5 @@ def rl_step(run: RunRef, step: int) -> dict[str, float]:
     for stage in (rollout.with_options(**retried), reward.with_options(**retried), advantage, train):
         result = stage(run, step)
         timings[stage.name] = result.seconds
-        extra |= {key: value for key, value in result.metrics.items() if "/" in key}  # namespaced = metrics-row keys
+        extra |= result.row_metrics()
     return sync.with_options(**retried)(run, step, timings, extra)

@@ -17,6 +17,8 @@ from pathlib import Path
 from hybrid_core.config import RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
+LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
+
 IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
     "actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_per_node", "actor.eps_clip",
     "actor.eps_clip_low_high", "actor.dual_clip", "actor.policy_loss_type", "actor.gradient_checkpointing_enable",
@@ -292,7 +294,7 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
         return [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device {cfg.train.device}; "
                 "drop --ds.use_liger_kernel"]
     if importlib.util.find_spec("liger_kernel") is None:
-        return ["ds.use_liger_kernel needs the liger-kernel package: pip install 'hybrid-engine[liger]'"]
+        return [f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}"]
     return []
 
 

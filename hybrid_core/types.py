@@ -50,3 +50,6 @@ class StageResult:
     metrics: dict[str, float] = field(default_factory=dict)
     entered_at: float = 0.0  # wall clock (time.time()) when the worker began the call (workers.stage_clock)
 
+    def row_metrics(self) -> dict[str, float]:
+        """The metrics that go into the step's metrics row: the namespaced ones (`timing_s/...`, `memory_gib/...`)."""
+        return {key: value for key, value in self.metrics.items() if "/" in key}

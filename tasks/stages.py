@@ -62,7 +62,7 @@ def train(run: RunRef, step: int) -> StageResult:
 def sync(run: RunRef, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
     """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
     result = _stage_call(run, "actor", "sync", step)
-    extra = extra | {key: value for key, value in result.metrics.items() if "/" in key}  # as rl_step does
+    extra = extra | result.row_metrics()
     return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra, step=step)
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import inspect
 
+from hybrid_core.plan import LIGER_INSTALL_HINT
+
 # the kernels applied; the two cross-entropy replacements are off (they would replace the model's forward)
 LIGER_PATCHES = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
                  "fused_linear_cross_entropy": False}
-INSTALL_HINT = "pip install 'hybrid-engine[liger]' (liger-kernel; CUDA only)"
 
 
 def apply_liger_kernels(model) -> None:
@@ -24,7 +25,8 @@ def apply_liger_kernels(model) -> None:
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
     except ImportError as err:
-        raise ImportError(f"ds.use_liger_kernel needs the liger-kernel package: {INSTALL_HINT} ({err})") from err
+        raise ImportError(f"ds.use_liger_kernel needs the liger-kernel package (CUDA only): {LIGER_INSTALL_HINT} "
+                          f"({err})") from err
     model_type = model.config.model_type
     apply = MODEL_TYPE_TO_APPLY_LIGER_FN.get(model_type)
     if apply is None:

@@ -66,12 +66,12 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     from hybrid_core.engines.sequence_batch import MicroBatching
 
     trainer = _trainer(model_dir, packed, param_dtype, token_budget, checkpointing, liger)
-    batching = MicroBatching(4, token_budget if packed else None, packed)
-    plan = BatchPlan(NUM_SAMPLES, batching, 1, seed=0)
+    batching = MicroBatching(num_samples=4, max_tokens=token_budget if packed else None, is_packed=packed)
+    plan = BatchPlan(batch_size=NUM_SAMPLES, batching=batching, max_epochs=1, seed=0)
     seconds, mfu, tokens = [], [], []
     for step in range(TIMED_STEPS + 1):  # the first step warms up (kernels, allocator; flex_attention compiles)
         samples = _samples(step)
-        seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(), plan))[0])
+        seconds.append(timed(lambda: fit_actor(trainer, samples, ActorLossSettings(kl_coef=0.0), plan))[0])
         lengths = [PROMPT_TOKENS + len(r) for r in samples.response_ids]
         mfu.append(flops_per_step(model_dir, lengths) / seconds[-1] / (tflops * 1e12))
         tokens.append(sum(lengths))
@@ -85,7 +85,7 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
                         f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, attention "
                         f"{trainer.module.config._attn_implementation}, median MFU of steps 2..{TIMED_STEPS + 1}")
     if profile:
-        print_profile(lambda: fit_actor(trainer, _samples(TIMED_STEPS + 1), ActorLossSettings(), plan))
+        print_profile(lambda: fit_actor(trainer, _samples(TIMED_STEPS + 1), ActorLossSettings(kl_coef=0.0), plan))
     trainer.engine.destroy()  # DeepSpeed's hooks and buffers hold the states otherwise (a later 4B ran out of memory)
     del trainer
     gc.collect()

@@ -35,7 +35,8 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     free_before = torch.cuda.mem_get_info()[0]
-    settings = EngineSettings(str(model_dir), "bf16", gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+    settings = EngineSettings(model_path=str(model_dir), param_dtype="bf16", seed=0,
+                              gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                               enforce_eager=enforce_eager, enable_sleep=True, sleep_level=1, max_model_len=2048,
                               max_num_seqs=PROMPTS * SAMPLES)
     settings = dataclasses.replace(settings, **(engine_options or {}))
@@ -78,10 +79,10 @@ def _generation(results, engine, model_dir: Path, copy_gbps: float, trials: int)
     from hybrid_core.engines.vllm_rollout import SamplingSettings
 
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
-    engine.generate(prompts[:8], SamplingSettings(SAMPLES, 64, ignore_eos=True), seeds=range(8))  # warm-up
+    engine.generate(prompts[:8], SamplingSettings(n=SAMPLES, max_new_tokens=64, ignore_eos=True), seeds=range(8))  # warm-up
     roofline, terms = _roofline(model_dir, copy_gbps, PROMPTS * SAMPLES)
     for seed_per_prompt, suffix in ((True, ""), (False, "_engine_seeded")):
-        sampling = SamplingSettings(SAMPLES, NEW_TOKENS, temperature=1.0, ignore_eos=True,
+        sampling = SamplingSettings(n=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0, ignore_eos=True,
                                     seed_per_prompt=seed_per_prompt)
         rates = []
         for trial in range(trials):

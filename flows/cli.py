@@ -61,26 +61,27 @@ def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
 
 def _resume_config(run_dir: str, argv: list[str]):
     """The run's saved configuration (+ --train.max_steps), refused when it no longer matches the manifest."""
-    import json
-
-    import fsspec
-
+    from hybrid_core.data.rollout_store import ManifestError, RolloutStore
     from hybrid_core.flags import config_differences
 
     extra = [t for t in argv if t.startswith("--") and not t.startswith("--train.max_steps")]
     if extra:
         return None, f"hybrid train --resume takes no flags but --train.max_steps: got {' '.join(extra)}"
-    fs, root = fsspec.core.url_to_fs(run_dir.rstrip("/"))
-    if not fs.exists(f"{root}/manifest.json"):
+    store = RolloutStore(run_dir.rstrip("/"))
+    if not store.exists("manifest.json"):
         return None, f"--resume: no run at {run_dir!r} (no manifest.json); give the directory of a run"
+    try:
+        saved = store.manifest().get("config")
+    except ManifestError as err:
+        return None, f"--resume refused: {err}"
+    if saved is None or not store.exists("config.yaml"):
+        return None, f"--resume refused: {store.damaged('it holds no configuration')}"
     parent = run_dir.rstrip("/").rsplit("/", 1)[0] if "/" in run_dir.rstrip("/") else "."
-    with fs.open(f"{root}/config.yaml") as f, open(_tmp_yaml(), "wb") as out:
-        out.write(f.read())
+    Path(_tmp_yaml()).write_bytes(store.fs.cat_file(f"{store.root}/config.yaml"))
     cfg, error = _parse(["--config", _tmp_yaml(), *argv, "--store.root", parent])
     if error:
         return None, error
-    saved = json.loads(fs.cat_file(f"{root}/manifest.json"))["config"] | {"store": {"root": parent}}
-    if differing := config_differences(saved, cfg):
+    if differing := config_differences(saved | {"store": {"root": parent}}, cfg):
         return None, "--resume refused: the saved configuration was changed: " + "; ".join(differing)
     return cfg, None
 
@@ -108,9 +109,13 @@ def train_command(argv: list[str]) -> int:
         return _fail("hybrid train cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.rl_train import rl_train
+    from hybrid_core.types import PermanentError
 
-    result = rl_train(cfg, run_id=run_id, resume=bool(resume_dir))
-    print(f"run data: {result['run_dir']}")
+    try:
+        result = rl_train(cfg, run_id=run_id, resume=bool(resume_dir))
+    except PermanentError as err:  # the run cannot go on as it is: say why and what to do, without a traceback
+        return _fail(f"hybrid train stopped: {err}")
+    print(f"run data: {result.run_dir}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """What a running job shows: the per-step terminal line and the Prefect UI artifacts (metrics table, progress with an
-ETA, decoded samples). Prefect calls only; the figures arrive as plain dicts from the tasks."""
+ETA, decoded samples). Prefect calls only; the figures arrive as records from the tasks, and the table starts from
+the run's committed rows, so a resumed run shows all of its steps."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,8 @@ import time
 from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
                                update_progress_artifact)
 
-from hybrid_core.types import STAGES
+from hybrid_core.step_contract import TIMED_STAGES
+from hybrid_core.types import MetricsRow, Sample
 
 
 def artifact_key(prefix: str, run_id: str) -> str:
@@ -17,36 +19,43 @@ def artifact_key(prefix: str, run_id: str) -> str:
 
 
 def step_line(step: int, num_steps: int, m: dict[str, float]) -> str:
-    stages = " ".join(f"{s} {m.get(f'timing_s/{s}', 0.0):.2f}s" for s in STAGES)
+    stages = " ".join(f"{s} {m.get(f'timing_s/{s}', 0.0):.2f}s" for s in TIMED_STAGES)
     return (f"step {step}/{num_steps} | reward {m['reward/mean']:.3f} | response length "
             f"{m['rollout/response_length_mean']:.1f} | kl {m['actor/kl']:.5f} | {stages}")
 
 
-def samples_markdown(step: int, samples: list[dict]) -> str:
+def samples_markdown(step: int, samples: list[Sample]) -> str:
     rows = ["| prompt | response | reward |", "|---|---|---|"]
     clean = lambda text: text.replace("|", "\\|").replace("\n", "⏎")[-200:]  # noqa: E731
-    rows += [f"| {clean(s['prompt'])} | {clean(s['response'])} | {s['reward']:.3f} |" for s in samples]
+    rows += [f"| {clean(s.prompt)} | {clean(s.response)} | {s.reward:.3f} |" for s in samples]
     return f"### Samples of step {step}\n\n" + "\n".join(rows)
 
 
 class RunReport:
     """One per flow run: the progress artifact, the growing metrics table, and a line per step."""
 
-    def __init__(self, run_id: str, num_steps: int):
-        self.run_id, self.num_steps, self.rows = run_id, num_steps, []
-        self.started = time.perf_counter()
+    def __init__(self, run_id: str, num_steps: int, committed: list[MetricsRow]):
+        self.run_id, self.num_steps = run_id, num_steps
+        self.rows = {row.step: self._table_row(row) for row in committed}
+        self.started, self.first_done = time.perf_counter(), len(self.rows)
         self.progress_id = create_progress_artifact(0.0, key=artifact_key("rl-progress", run_id),
                                                     description=f"{run_id}: 0/{num_steps} steps")
 
-    def step_done(self, step: int, metrics: dict[str, float], samples: list[dict], print_line: bool) -> None:
-        self.rows.append({"step": step} | {k: round(v, 6) for k, v in metrics.items()})
-        create_table_artifact(self.rows, key=artifact_key("rl-metrics", self.run_id),
+    @staticmethod
+    def _table_row(row: MetricsRow) -> dict:
+        return {"step": row.step} | {k: round(v, 6) for k, v in row.values.items()}
+
+    def step_done(self, row: MetricsRow, samples: list[Sample], print_line: bool) -> None:
+        step = row.step
+        self.rows[step] = self._table_row(row)
+        create_table_artifact([self.rows[k] for k in sorted(self.rows)], key=artifact_key("rl-metrics", self.run_id),
                               description=f"metrics of run {self.run_id}, one row per step")
         create_markdown_artifact(samples_markdown(step, samples), key=artifact_key("rl-samples", self.run_id),
                                  description=f"decoded samples of step {step}")
         elapsed = time.perf_counter() - self.started
-        eta = elapsed / step * (self.num_steps - step)
+        done_here = max(1, len(self.rows) - self.first_done)
+        eta = elapsed / done_here * (self.num_steps - step)
         update_progress_artifact(self.progress_id, 100.0 * step / self.num_steps,
                                  description=f"{self.run_id}: {step}/{self.num_steps} steps, ETA {eta:.0f}s")
         if print_line:
-            print(step_line(step, self.num_steps, metrics))
+            print(step_line(step, self.num_steps, row.values))

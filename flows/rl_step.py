@@ -1,19 +1,23 @@
-"""One RL iteration as a Prefect subflow: rollout → reward → advantage → train → sync."""
+"""One RL iteration as a Prefect subflow: the stages of the step contract, in order, each committing its output."""
 from __future__ import annotations
 
 from prefect import flow
 
-from hybrid_core.types import RunRef
-from tasks.stages import advantage, reward, rollout, sync, train
+from hybrid_core.types import MetricsRow, RunRef
+from tasks.stages import step_tasks
 
 
 @flow(name="rl-step", flow_run_name="step-{step}")
-def rl_step(run: RunRef, step: int) -> dict[str, float]:
-    """Run the five stages of step `step`; returns the committed metrics row."""
-    timings, extra = {}, {}
-    retried = dict(retries=run.stage_retries, retry_delay_seconds=run.retry_delay_s)
-    for stage in (rollout.with_options(**retried), reward.with_options(**retried), advantage, train):
-        result = stage(run, step)
-        timings[stage.name] = result.seconds
-        extra |= result.row_metrics()
-    return sync.with_options(**retried)(run, step, timings, extra)
+def rl_step(run: RunRef, step: int) -> MetricsRow:
+    """rollout → reward → advantage → train → sync, then the step's metrics row and, when due, its checkpoint.
+    A stage already committed for this step's policy is replayed from the store, not done again."""
+    stage = step_tasks(run)
+    stage.rollout(run, step)
+    stage.reward(run, step)
+    stage.advantage(run, step)
+    stage.train(run, step)
+    stage.sync(run, step)
+    row = stage.metrics(run, step)
+    if run.is_checkpoint_due(step):
+        stage.checkpoint(run, step)
+    return row

@@ -1,5 +1,5 @@
-"""The `rl-train` flow: open (or resume) a run, start or re-attach its workers, run the remaining steps as subflows
-with checkpoints, export the final policy, stop the workers."""
+"""The `rl-train` flow: take the run directory's lease, open (or resume) the run, start or re-attach its workers,
+run the remaining steps as subflows, export the final policy, stop the workers."""
 from __future__ import annotations
 
 import time
@@ -13,9 +13,9 @@ from flows.credentials import export_store_credentials
 from flows.reporting import RunReport
 from flows.rl_step import rl_step
 from hybrid_core.config import RunConfig
-from hybrid_core.types import RunRef
-from tasks.stages import samples
-from tasks.workers import checkpoint, open_run, save_model, start_workers, stop_workers
+from hybrid_core.types import RunRef, RunSummary, WorkersStarted
+from tasks.stages import committed_rows, samples
+from tasks.workers import RunDirectoryLease, hold_run_dir, open_run, run_ref, save_model, start_workers, stop_workers
 
 
 def default_run_id(cfg: RunConfig) -> str:
@@ -31,34 +31,33 @@ def tag_flow_run(tag: str) -> None:
         client.update_flow_run(flow_run.id, tags=[*flow_run.tags, tag])
 
 
-def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
-    t = cfg.train
-    return RunRef(run_id, cfg.store.root, t.stage_timeout_s, cfg.roles, t.stage_retries, t.retry_delay_s)
+def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDirectoryLease) -> None:
+    """Steps `workers.next_step`… as subflows (committed ones replay), the UI's table starting from the store."""
+    report = RunReport(run.run_id, workers.num_steps, committed_rows(run))
+    for step in range(workers.next_step, workers.num_steps + 1):
+        lease.check()
+        row = rl_step(run, step)
+        show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
+        report.step_done(row, samples(run, step), print_line=show)
+    save_model(run, workers.model_uri)
 
 
 @flow(name="rl-train", log_prints=True)
-def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> dict:
+def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
     """Train the policy on `cfg`; an existing `run_id` (or `resume`) continues that run without redoing its work."""
     run, started = run_ref(cfg, run_id or default_run_id(cfg)), time.perf_counter()
     if cfg.store.credentials_block:
         print(f"store credentials from Secret block {cfg.store.credentials_block!r}: "
               f"{', '.join(export_store_credentials(cfg.store.credentials_block))}")
-    if not open_run(cfg, run) and resume:
-        raise ValueError(f"resume: no run to resume at {run.run_dir}; start it without --resume")
-    tag_flow_run(f"run:{run.run_id}")
-    info = start_workers(cfg, run)
-    num_steps, first = info["num_steps"], info["resume_from"] + 1
-    print(f"run {run.run_id}: steps {first}..{num_steps} of {num_steps}, data under {run.run_dir}")
-    report = RunReport(run.run_id, num_steps)
-    try:
-        for step in range(first, num_steps + 1):
-            metrics = rl_step(run, step)
-            if cfg.ckpt.save_steps > 0 and step % cfg.ckpt.save_steps == 0:
-                checkpoint(run, step)
-            show = step % cfg.logger.logging_steps == 0 or step == num_steps
-            report.step_done(step, metrics, samples(run, step), print_line=show)
-        save_model(run, info["model_uri"])
-    finally:
-        stop_workers(run)
+    with hold_run_dir(run) as lease:
+        open_run(cfg, run, must_exist=resume)
+        tag_flow_run(f"run:{run.run_id}")
+        try:
+            workers = start_workers(cfg, run)
+            print(f"run {run.run_id}: steps {workers.next_step}..{workers.num_steps} of {workers.num_steps}, data "
+                  f"under {run.run_dir}")
+            run_steps(cfg, run, workers, lease)
+        finally:
+            stop_workers(run)
     print(f"done in {time.perf_counter() - started:.0f}s; the run's data is in {run.run_dir}")
-    return {"run_id": run.run_id, "run_dir": run.run_dir, "num_steps": num_steps, "model": info["model_uri"]}
+    return RunSummary(run_id=run.run_id, run_dir=run.run_dir, num_steps=workers.num_steps, model_uri=workers.model_uri)

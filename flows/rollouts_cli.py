@@ -2,7 +2,8 @@
 
 Prints one summary line per committed step (rows, reward, response length, KL from the metrics rows), then the first
 N rows of one stage of one step (default: the rollouts of the last step). Reads the Arrow datasets with pyarrow and
-fsspec directly, locally or on s3://, so it works on a run whose workers are long gone.
+fsspec directly (through the run store, which refuses a damaged manifest clearly), locally or on s3://, so it works
+on a run whose workers are long gone.
 """
 from __future__ import annotations
 
@@ -38,18 +39,23 @@ def _cell(value, width: int = 60) -> str:
 
 
 def rollouts_command(argv: list[str]) -> int:
-    import fsspec
+    from hybrid_core.data.rollout_store import ManifestError, RolloutStore
 
     try:
         opts = _options(argv)
     except (ValueError, IndexError) as err:
         print(err if str(err).startswith("usage") else f"{USAGE}\n{err}", file=sys.stderr)
         return 2
-    fs, root = fsspec.core.url_to_fs(opts["run_dir"])
-    if not fs.exists(f"{root}/manifest.json"):
+    store = RolloutStore(opts["run_dir"])
+    fs, root = store.fs, store.root
+    if not store.exists("manifest.json"):
         print(f"no run at {opts['run_dir']!r} (no manifest.json)", file=sys.stderr)
         return 2
-    steps = json.loads(fs.cat_file(f"{root}/manifest.json"))["steps"]
+    try:
+        steps = store.manifest()["steps"]
+    except ManifestError as err:
+        print(err, file=sys.stderr)
+        return 2
     done = sorted(int(k) for k, v in steps.items() if "metrics" in v)
     for k in done:
         m = _table(fs, root, k, "metrics").to_pylist()[0]

@@ -7,7 +7,7 @@ broken rules at once. This module knows nothing about parsing flags (see `flags.
 from __future__ import annotations
 
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
@@ -22,11 +22,19 @@ class ConfigError(ValueError):
 
 
 class ConfigBlock(BaseModel):
-    """Base of every config model: immutable, and unknown keys are errors rather than silently dropped."""
+    """Base of every config model: immutable, and unknown keys are errors rather than silently dropped.
+
+    Each block declares, beside its fields, which of them have behaviour (`IMPLEMENTED`; a set flag outside it is
+    refused by `hybrid train`) and, for choice fields where only some values work yet, which values
+    (`IMPLEMENTED_VALUES`).
+    """
     model_config = ConfigDict(frozen=True, extra="forbid")
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
+    IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {}
 
 
 class AdamConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr", "betas", "eps", "weight_decay"})
     lr: float = Field(1e-6, ge=0, description="Adam learning rate (0 freezes the policy: a control run)")
     betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas (beta1 beta2)")
     eps: float = Field(1e-8, gt=0, description="Adam epsilon")
@@ -34,6 +42,7 @@ class AdamConfig(ConfigBlock):
 
 
 class MuonConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
     lr: float = Field(0.02, gt=0, description="Muon learning rate")
     momentum: float = Field(0.95, ge=0, lt=1, description="Muon momentum")
     ns_steps: int = Field(5, gt=0, description="Newton-Schulz iterations (ignored by DeepSpeed)")
@@ -43,6 +52,7 @@ class MuonConfig(ConfigBlock):
 class OptimizerFields(ConfigBlock):
     """The optimizer block shared by the actor and the critic."""
 
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm"})
     optim: Literal["adam", "muon"] = Field("adam", description="optimizer")
     adam: AdamConfig = Field(default_factory=AdamConfig, description="Adam settings (optim=adam)")
     muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon settings (optim=muon)")
@@ -54,6 +64,11 @@ class OptimizerFields(ConfigBlock):
 
 
 class ActorConfig(OptimizerFields):
+    IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {"policy_loss_type": frozenset({"ppo", "gspo"})}
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        OptimizerFields.IMPLEMENTED | {"model_name_or_path", "num_nodes", "num_gpus_per_node",
+        "gradient_checkpointing_enable", "eps_clip", "eps_clip_low_high", "dual_clip", "policy_loss_type",
+        "entropy_coef"})
     model_name_or_path: str | None = Field(None, description="HF model id or local path of the policy")
     num_nodes: int = Field(1, gt=0, description="nodes for the actor")
     num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the actor")
@@ -69,6 +84,9 @@ class ActorConfig(OptimizerFields):
 
 
 class CriticConfig(OptimizerFields):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        OptimizerFields.IMPLEMENTED | {"model_name_or_path", "num_nodes", "num_gpus_per_node", "value_clip",
+        "freezing_steps"})
     adam: AdamConfig = Field(default_factory=lambda: AdamConfig(lr=9e-6), description="Adam settings")
     model_name_or_path: str | None = Field(None, description="critic model (default: reward model path)")
     num_nodes: int = Field(1, gt=0, description="nodes for the critic")
@@ -79,12 +97,16 @@ class CriticConfig(OptimizerFields):
 
 
 class RefConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"num_nodes", "num_gpus_per_node"})
     num_nodes: int = Field(1, gt=0, description="nodes for the reference model")
     num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the reference model")
     offload: bool = Field(False, description="ZeRO param offload of the reference model to CPU")
 
 
 class RewardConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
+        "timeout_s", "max_retries"})
     model_name_or_path: str | None = Field(None, description="reward model path")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
@@ -100,6 +122,9 @@ class RewardConfig(ConfigBlock):
 
 
 class VllmConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"num_engines", "tensor_parallel_size", "sync_backend", "enable_prefix_caching", "enforce_eager",
+        "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs"})
     num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
     tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
     sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
@@ -116,6 +141,7 @@ class VllmConfig(ConfigBlock):
 
 
 class LoraConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
     rank: int = Field(0, ge=0, description="LoRA rank (0: off)")
     alpha: int = Field(16, gt=0, description="LoRA alpha")
     target_modules: list[str] = Field(default_factory=lambda: ["all-linear"], description="LoRA targets")
@@ -123,6 +149,8 @@ class LoraConfig(ConfigBlock):
 
 
 class DsConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
     adam_offload: bool = Field(False, description="offload Adam states to CPU")
@@ -147,6 +175,11 @@ class DsConfig(ConfigBlock):
 
 
 class AdvantageConfig(ConfigBlock):
+    IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {
+        "estimator": frozenset({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"})}
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"estimator", "gamma", "lambd", "no_std_norm", "is_correction_enable", "is_correction_threshold",
+        "is_correction_type"})
     estimator: Literal["gae", "reinforce", "rloo", "reinforce_baseline", "group_norm", "dr_grpo"] = Field(
         "gae", description="advantage estimator (gae needs a critic)")
     gamma: float = Field(1.0, ge=0, le=1, description="discount")
@@ -158,6 +191,7 @@ class AdvantageConfig(ConfigBlock):
 
 
 class KlConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"init_coef", "target", "horizon", "estimator", "use_loss"})
     init_coef: float = Field(0.01, ge=0, description="KL coefficient (0: no reference model)")
     target: float | None = Field(None, gt=0, description="adaptive KL target (None: fixed)")
     horizon: int = Field(10000, gt=0, description="adaptive KL horizon")
@@ -166,6 +200,7 @@ class KlConfig(ConfigBlock):
 
 
 class AlgoConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"dynamic_filtering_enable", "dynamic_filtering_range"})
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig, description="advantage settings")
     kl: KlConfig = Field(default_factory=KlConfig, description="KL settings")
     dynamic_filtering_enable: bool = Field(False, description="drop groups whose mean reward is out of range")
@@ -173,6 +208,9 @@ class AlgoConfig(ConfigBlock):
 
 
 class RolloutConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"batch_size", "n_samples_per_prompt", "micro_batch_size", "max_new_tokens", "max_tokens_per_gpu",
+        "temperature", "top_p", "seed_per_prompt"})
     batch_size: int = Field(1024, gt=0, description="prompts per step")
     n_samples_per_prompt: int = Field(1, gt=0, description="samples per prompt")
     micro_batch_size: int = Field(1, gt=0, description="experience forward micro-batch")
@@ -189,6 +227,10 @@ class RolloutConfig(ConfigBlock):
 
 
 class TrainConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"batch_size", "micro_batch_size", "max_epochs", "num_episodes", "seed", "dynamic_batch_enable",
+        "max_tokens_per_gpu", "colocate_all", "colocate_actor_ref", "colocate_critic_reward", "max_steps", "device",
+        "stage_timeout_s", "stage_retries", "retry_delay_s"})
     batch_size: int = Field(128, gt=0, description="samples per optimizer step")
     micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
     max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
@@ -215,6 +257,9 @@ class TrainConfig(ConfigBlock):
 
 
 class DataConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_dataset", "input_key", "label_key", "input_template", "apply_chat_template", "max_len",
+        "max_samples"})
     prompt_dataset: str | None = Field(None, description="prompt dataset(s), comma-separated")
     prompt_probs: str | None = Field(None, description="sampling probabilities, comma-separated")
     prompt_split: str = Field("train", description="dataset split")
@@ -231,6 +276,7 @@ class DataConfig(ConfigBlock):
 
 
 class EvalConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
     dataset: str | None = Field(None, description="eval dataset (needs a remote reward or agent)")
     split: str = Field("train", description="eval split")
     steps: int = Field(-1, ge=-1, description="evaluate every N steps (-1: never)")
@@ -239,6 +285,8 @@ class EvalConfig(ConfigBlock):
 
 
 class CkptConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"path", "output_dir", "save_steps", "save_hf", "max_num", "load_enable"})
     path: str = Field("./ckpt/checkpoints_ppo_ray", description="DeepSpeed checkpoint directory")
     output_dir: str = Field("./ckpt", description="final HF model directory")
     save_steps: int = Field(-1, ge=-1, description="checkpoint every N steps (-1: never)")
@@ -251,6 +299,7 @@ class CkptConfig(ConfigBlock):
 
 
 class WandbConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"key", "org", "group", "project", "run_name"})
     key: str | None = Field(None, description="W&B API key (enables W&B)")
     org: str | None = Field(None, description="W&B entity")
     group: str | None = Field(None, description="W&B group")
@@ -259,12 +308,14 @@ class WandbConfig(ConfigBlock):
 
 
 class LoggerConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"logging_steps", "tensorboard_dir"})
     logging_steps: int = Field(1, gt=0, description="log every N steps")
     tensorboard_dir: str | None = Field(None, description="TensorBoard directory")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="W&B settings")
 
 
 class StoreConfig(ConfigBlock):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"root", "credentials_block"})
     root: str = Field("runs", description="PROJECT: run store, a local dir or s3://bucket/prefix")
     credentials_block: str | None = Field(None, description="PROJECT: Prefect Secret block with the object store's "
                                           "credentials (JSON: aws_access_key_id, aws_secret_access_key, …)")
@@ -273,6 +324,7 @@ class StoreConfig(ConfigBlock):
 class RunConfig(ConfigBlock):
     """The whole run: one sub-config per flag namespace, checked together by `_check_rules`."""
 
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
     actor: ActorConfig = Field(default_factory=ActorConfig, description="policy model (--actor.*)")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="value model, gae only (--critic.*)")
     ref: RefConfig = Field(default_factory=RefConfig, description="reference model (--ref.*)")

@@ -1,7 +1,7 @@
 """What `hybrid plan` prints and what `hybrid train` checks before anything starts.
 
-Owns the list of flags whose behaviour exists (`IMPLEMENTED_FLAGS`), the placement of roles on GPU bundles
-(mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is `memory_plan`'s. Pure
+Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
+of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is `memory_plan`'s. Pure
 functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement groups.
 """
 from __future__ import annotations
@@ -14,54 +14,36 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from hybrid_core.config import RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
 LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
 
-IMPLEMENTED_FLAGS: frozenset[str] = frozenset({
-    "actor.model_name_or_path", "actor.num_nodes", "actor.num_gpus_per_node", "actor.eps_clip",
-    "actor.eps_clip_low_high", "actor.dual_clip", "actor.policy_loss_type", "actor.gradient_checkpointing_enable",
-    "actor.adam.lr", "actor.adam.betas", "actor.adam.eps", "actor.adam.weight_decay", "actor.max_norm",
-    "actor.lr_scheduler", "actor.lr_warmup_ratio", "actor.min_lr_ratio",
-    "ref.num_nodes", "ref.num_gpus_per_node",
-    "reward.remote_url", "reward.clip_range", "reward.timeout_s", "reward.max_retries",
-    "vllm.num_engines", "vllm.tensor_parallel_size", "vllm.enable_sleep", "vllm.sleep_level",
-    "vllm.gpu_memory_utilization", "vllm.enforce_eager", "vllm.enable_prefix_caching", "vllm.sync_bucket_mb",
-    "vllm.max_num_seqs", "vllm.sync_backend", "train.colocate_actor_ref", "train.colocate_critic_reward",
-    "ds.zero_stage", "ds.param_dtype", "ds.enable_sleep",
-    "algo.advantage.estimator", "algo.advantage.no_std_norm", "algo.kl.init_coef", "algo.kl.estimator",
-    "algo.kl.use_loss",
-    "rollout.batch_size", "rollout.n_samples_per_prompt", "rollout.micro_batch_size", "rollout.max_new_tokens",
-    "rollout.temperature", "rollout.top_p", "rollout.seed_per_prompt",
-    "train.batch_size", "train.micro_batch_size", "train.max_epochs", "train.num_episodes", "train.seed",
-    "train.colocate_all", "train.max_steps", "train.device", "train.stage_timeout_s",
-    "data.prompt_dataset", "data.input_key", "data.label_key", "data.input_template", "data.apply_chat_template",
-    "data.max_len", "data.max_samples",
-    "logger.logging_steps", "store.root", "store.credentials_block",
-    # the complete algorithm set (issue #3)
-    "actor.entropy_coef", "algo.advantage.gamma", "algo.advantage.lambd", "algo.advantage.is_correction_enable",
-    "algo.advantage.is_correction_threshold", "algo.advantage.is_correction_type", "algo.kl.target", "algo.kl.horizon",
-    "algo.dynamic_filtering_enable", "algo.dynamic_filtering_range", "reward.overlong_buffer_len",
-    "reward.overlong_penalty_factor", "reward.stop_properly_penalty_coef", "ds.value_head_prefix",
-    "critic.model_name_or_path", "critic.num_nodes", "critic.num_gpus_per_node", "critic.value_clip",
-    "critic.freezing_steps", "critic.adam.lr", "critic.adam.betas", "critic.adam.eps", "critic.adam.weight_decay",
-    "critic.max_norm", "critic.lr_scheduler", "critic.lr_warmup_ratio", "critic.min_lr_ratio",
-    # durable runs and operations (issues #4, #5)
-    "ckpt.path", "ckpt.output_dir", "ckpt.save_steps", "ckpt.save_hf", "ckpt.max_num", "ckpt.load_enable",
-    "train.stage_retries",
-    "train.retry_delay_s", "logger.tensorboard_dir", "logger.wandb.key", "logger.wandb.org", "logger.wandb.group",
-    "logger.wandb.project", "logger.wandb.run_name",
-    # packing and dynamic batching (issue #7)
-    "ds.packing_samples", "ds.use_liger_kernel", "train.dynamic_batch_enable", "train.max_tokens_per_gpu",
-    "rollout.max_tokens_per_gpu",
-})
+def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
+    """Dotted paths of every field whose behaviour exists, from each block's `IMPLEMENTED`."""
+    paths: set[str] = set()
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            paths |= implemented_paths(info.annotation, f"{prefix}{name}.")
+        elif name in model.IMPLEMENTED:
+            paths.add(f"{prefix}{name}")
+    return frozenset(paths)
 
-# Choice fields where only some values work yet; checked even when the value is the default.
-IMPLEMENTED_VALUES: dict[str, frozenset[str]] = {
-    "algo.advantage.estimator": frozenset({"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}),
-    "actor.policy_loss_type": frozenset({"ppo", "gspo"}),
-}
+
+def implemented_values(model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str, frozenset]:
+    """Dotted path → the values that work yet, for choice fields where only some do (`IMPLEMENTED_VALUES`)."""
+    values = {f"{prefix}{name}": allowed for name, allowed in model.IMPLEMENTED_VALUES.items()}
+    for name, info in model.model_fields.items():
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            values |= implemented_values(info.annotation, f"{prefix}{name}.")
+    return values
+
+
+# Which fields and values have behaviour is declared beside the fields, in config.py.
+IMPLEMENTED_FLAGS: frozenset[str] = implemented_paths()
+IMPLEMENTED_VALUES: dict[str, frozenset[str]] = implemented_values()
 
 # OpenRLHF gives each colocated role 0.2 GPU per bundle; more than five roles would overcommit the GPU.
 MAX_SHARED_GPU_FRACTION = 0.2

@@ -1,72 +1,119 @@
-"""The five stages of a step as Prefect tasks: each calls one worker method and returns a small StageResult.
+"""The stages of a step as Prefect tasks: each calls the worker method the step contract names and returns a small
+record; `step_tasks(run)` gives them the run's retry settings.
 
-Retries only where a stage is idempotent (seeded generation and scoring, committed atomically; weight pushes);
-`train` never retries blindly. Tasks hold no tensors and do no maths.
+Retries come only from the run's configuration (`train.stage_retries`, `train.retry_delay_s`), only for stages whose
+attempts are idempotent (the contract's `is_retried`), and never for an error a retry cannot fix (a
+`PermanentError`: bad reward output, altered committed data, a replay that did not reproduce). Tasks hold no tensors
+and do no maths.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from hybrid_core.types import RunRef, StageResult
+from hybrid_core.step_contract import (ADVANTAGE, CHECKPOINT, METRICS, REWARD, ROLLOUT, SYNC, TRAIN, Stage,
+                                       retry_policy)
+from hybrid_core.types import MetricsRow, PermanentError, RunRef, Sample, StageResult
 from tasks.workers import call
 
-STAGE_OPTIONS = dict(cache_policy=NO_CACHE, retry_delay_seconds=5)
+STAGE_OPTIONS = dict(cache_policy=NO_CACHE)
 
 
-def _stage_call(run: RunRef, role: str, method: str, step: int) -> StageResult:
-    """Call the worker's stage method and log its result with the call's wall time beside the worker's own, and the
-    dispatch: from the call to the worker beginning it (Ray's queue, or the worker still busy after its last call),
-    which also goes into the step's metrics row as `timing_s/dispatch_<stage>`."""
-    started, started_wall = time.perf_counter(), time.time()
-    result = call(run, role, method, step, step=step)
-    call_s, dispatch_s = time.perf_counter() - started, max(0.0, result.entered_at - started_wall)
-    extra = " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())
-    get_run_logger().info("%s step %d: %d rows in %.2fs (call %.2fs, dispatch %.2fs) %s", result.stage, result.step,
-                          result.rows, result.seconds, call_s, dispatch_s, extra)
-    return replace(result, metrics=result.metrics | {f"timing_s/dispatch_{result.stage}": dispatch_s})
+def _stage_call(run: RunRef, stage: Stage, step: int) -> StageResult:
+    """Call the stage's worker method and log its result with the call's wall time beside the worker's own and the
+    dispatch (from the call to the worker beginning it); the worker records both with the stage."""
+    started = time.perf_counter()
+    result = call(run, stage.role, stage.method, step, stage=stage.name, step=step, called_at=time.time())
+    extra = " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items() if isinstance(v, (int, float)))
+    verb = "replayed" if result.replayed else "committed"
+    get_run_logger().info("%s step %d: %s, %d rows in %.2fs (call %.2fs) %s", result.stage, result.step, verb,
+                          result.rows, result.seconds, time.perf_counter() - started, extra)
+    return result
 
 
-@task(name="rollout", task_run_name="rollout-step-{step}", retries=2, **STAGE_OPTIONS)
+@task(name="rollout", task_run_name="rollout-step-{step}", **STAGE_OPTIONS)
 def rollout(run: RunRef, step: int) -> StageResult:
     """Wake the engines, generate n samples per prompt of step `step`, sleep them, commit `rollout`."""
-    return _stage_call(run, "rollout", "generate", step)
+    return _stage_call(run, ROLLOUT, step)
 
 
-@task(name="reward", task_run_name="reward-step-{step}", retries=2, **STAGE_OPTIONS)
+@task(name="reward", task_run_name="reward-step-{step}", **STAGE_OPTIONS)
 def reward(run: RunRef, step: int) -> StageResult:
-    """Score the committed rollouts with the reward function; commit `reward`."""
-    return _stage_call(run, "rollout", "score", step)
+    """Score the committed rollouts with the run's reward source; commit `reward`."""
+    return _stage_call(run, REWARD, step)
 
 
-@task(name="advantage", task_run_name="advantage-step-{step}", retries=1, **STAGE_OPTIONS)
+@task(name="advantage", task_run_name="advantage-step-{step}", **STAGE_OPTIONS)
 def advantage(run: RunRef, step: int) -> StageResult:
-    """Old and reference logprobs, KL, baselines, returns, whitening; commit `advantage`."""
-    return _stage_call(run, "actor", "make_experience", step)
+    """Old and reference logprobs, critic values, KL, baselines, returns, whitening; commit `advantage`."""
+    return _stage_call(run, ADVANTAGE, step)
 
 
-@task(name="train", task_run_name="train-step-{step}", retries=0, **STAGE_OPTIONS)
+@task(name="train", task_run_name="train-step-{step}", **STAGE_OPTIONS)
 def train(run: RunRef, step: int) -> StageResult:
-    """Wake DeepSpeed, update the critic (gae) then the policy on the step's samples, put them back to sleep."""
-    critic = _stage_call(run, "critic", "train", step) if "critic" in run.roles else None
-    actor = _stage_call(run, "actor", "train", step)
-    if critic is None:
-        return actor
-    return StageResult("train", step, critic.seconds + actor.seconds, metrics=critic.metrics | actor.metrics)
+    """Wake DeepSpeed, update the critic (gae) then the policy on the step's samples, sleep; record `train`."""
+    return _stage_call(run, TRAIN, step)
 
 
-@task(name="sync", task_run_name="sync-step-{step}", retries=2, **STAGE_OPTIONS)
-def sync(run: RunRef, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
-    """Push the new weights to the rollout engines (bucketed), then commit the step's metrics row."""
-    result = _stage_call(run, "actor", "sync", step)
-    extra = extra | result.row_metrics()
-    return call(run, "actor", "write_metrics", step, timings | {"sync": result.seconds}, extra, step=step)
+@task(name="sync", task_run_name="sync-step-{step}", **STAGE_OPTIONS)
+def sync(run: RunRef, step: int) -> StageResult:
+    """Push the new weights to the rollout engines (bucketed); record `sync` (the engines hold version `step`)."""
+    return _stage_call(run, SYNC, step)
+
+
+@task(name="metrics", task_run_name="metrics-step-{step}", **STAGE_OPTIONS)
+def metrics(run: RunRef, step: int) -> MetricsRow:
+    """Commit the step's metrics row, built by the actor from what the step committed."""
+    return call(run, METRICS.role, METRICS.method, step, stage=METRICS.name, step=step, called_at=time.time())
+
+
+@task(name="checkpoint", task_run_name="checkpoint-step-{step}", **STAGE_OPTIONS)
+def checkpoint(run: RunRef, step: int) -> StageResult:
+    """DeepSpeed checkpoints of the critic and the actor after step `step` (rotation to ckpt.max_num)."""
+    return _stage_call(run, CHECKPOINT, step)
 
 
 @task(name="samples", task_run_name="samples-step-{step}", retries=1, **STAGE_OPTIONS)
-def samples(run: RunRef, step: int) -> list[dict]:
+def samples(run: RunRef, step: int) -> list[Sample]:
     """A few decoded samples of the step with their rewards, for the run's UI."""
-    return call(run, "rollout", "preview", step, step=step)
+    return call(run, "rollout", "preview", step, stage="preview", step=step)
+
+
+@task(name="committed-rows", retries=1, **STAGE_OPTIONS)
+def committed_rows(run: RunRef) -> list[MetricsRow]:
+    """The run's committed metrics rows (the UI's table starts from them after a resume)."""
+    return call(run, "actor", "committed_rows", stage="committed-rows")
+
+
+def is_retryable(task: Task, task_run, state) -> bool:
+    """Prefect's retry condition: an attempt is retried unless its error is one a retry cannot fix."""
+    return not isinstance(state.data, PermanentError)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTasks:
+    """The tasks of one step with the run's retry settings."""
+
+    rollout: Task
+    reward: Task
+    advantage: Task
+    train: Task
+    sync: Task
+    metrics: Task
+    checkpoint: Task
+
+
+def step_tasks(run: RunRef) -> StepTasks:
+    """Each stage's task with its retry policy from the step contract and the run's configuration."""
+    def configured(stage_task: Task, stage: Stage) -> Task:
+        policy = retry_policy(stage, run.stage_retries, run.retry_delay_s)
+        return stage_task.with_options(retries=policy.retries, retry_delay_seconds=policy.delay_s,
+                                       retry_condition_fn=is_retryable)
+
+    return StepTasks(rollout=configured(rollout, ROLLOUT), reward=configured(reward, REWARD),
+                     advantage=configured(advantage, ADVANTAGE), train=configured(train, TRAIN),
+                     sync=configured(sync, SYNC), metrics=configured(metrics, METRICS),
+                     checkpoint=configured(checkpoint, CHECKPOINT))

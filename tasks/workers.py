@@ -1,5 +1,7 @@
-"""Tasks that open a run, start (or re-attach to) its Ray workers and stop them, checkpoint and export the policy,
-and the one way tasks call a worker method: by name, with a timeout, failing with the role, step and stage named."""
+"""Tasks that open a run, start (or re-attach to) its Ray workers and stop them, and export the policy; the run
+directory's lease; and the one way tasks call a worker method: by name, within the stage timeout, failing with the
+real role, rank, step, stage and cause (and telling Prefect whether a retry can help).
+"""
 from __future__ import annotations
 
 import ray
@@ -7,57 +9,101 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from hybrid_core.config import RunConfig
-from hybrid_core.types import RunRef
+from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import launch, placement
+from hybrid_core.workers.rank_group import RankFailure
 
 
 class WorkerCallError(RuntimeError):
     """A worker died, hung past the stage timeout, or raised: names the role, rank, step and stage."""
 
 
-def call(run: RunRef, role: str, method: str, *args, step: int | None = None):
-    """Call `method` on the run's named `role` actor and wait at most the stage timeout."""
-    where = f"{role} worker {run.actor_name(role)} (rank 0) in {method}" + (f" of step {step}" if step else "")
+class PermanentWorkerError(WorkerCallError, PermanentError):
+    """A worker failed in a way that calling it again cannot fix (its cause is a PermanentError)."""
+
+
+def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
+    t = cfg.train
+    return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
+                  stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps)
+
+
+def _where(run: RunRef, role: str, rank: int, stage: str, step: int | None) -> str:
+    return f"{role} rank {rank} ({run.actor_name(role, rank)}) in {stage}" + (f" of step {step}" if step else "")
+
+
+def _failure(run: RunRef, role: str, stage: str, step: int | None, err: ray.exceptions.RayTaskError) -> Exception:
+    """The worker's own error, named by the rank it happened on (a peer that rank 0 led, or rank 0 itself)."""
+    cause = getattr(err, "cause", None) or err
+    if isinstance(cause, RankFailure):
+        where = _where(run, cause.role, cause.rank, stage, step) + f" (led by {role} rank 0)"
+        is_permanent, text = cause.is_permanent, cause.what
+    else:
+        where = _where(run, role, 0, stage, step)
+        is_permanent, text = isinstance(cause, PermanentError), f"failed: {type(cause).__name__}: {cause}"
+    return (PermanentWorkerError if is_permanent else WorkerCallError)(f"{where} {text}")
+
+
+def call(run: RunRef, role: str, method: str, *args, stage: str | None = None, step: int | None = None, **kwargs):
+    """Call `method` on rank 0 of the run's `role` and wait at most the stage timeout."""
+    stage = stage or method
     try:
         worker = placement.get_worker(run, role)
-        return ray.get(getattr(worker, method).remote(*args), timeout=run.stage_timeout_s)
     except ValueError as err:
-        raise WorkerCallError(f"{where}: no such actor ({err}); resume the run to recreate it") from err
+        raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: no such actor ({err}); resume the run to "
+                              "recreate it") from err
+    try:
+        return ray.get(getattr(worker, method).remote(*args, **kwargs), timeout=run.stage_timeout_s)
     except ray.exceptions.GetTimeoutError as err:
-        raise WorkerCallError(f"{where}: no answer within {run.stage_timeout_s:.0f}s (train.stage_timeout_s)") from err
+        raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: no answer within {run.stage_timeout_s:.0f}s "
+                              "(train.stage_timeout_s); the worker is hung or the stage needs a longer timeout") from err
     except ray.exceptions.RayActorError as err:
-        raise WorkerCallError(f"{where}: the actor died ({type(err).__name__}); resume the run to recreate it "
-                              "from the newest checkpoint") from err
+        raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: the actor died ({type(err).__name__}); resume "
+                              "the run to recreate it from the newest checkpoint") from err
     except ray.exceptions.RayTaskError as err:
-        raise WorkerCallError(f"{where} failed: {err.cause!r}") from err
+        raise _failure(run, role, stage, step, err) from err
+
+
+class RunDirectoryLease:
+    """The run directory's lease for the flow's lifetime (`with hold_run_dir(run) as lease:`)."""
+
+    def __init__(self, run: RunRef):
+        self.lease = launch.lease_run_dir(run)
+
+    def __enter__(self) -> RunDirectoryLease:
+        self.lease.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.lease.release()
+
+    def check(self) -> None:
+        """Fail the run if another run took the lease over (its heartbeat stopped for too long)."""
+        self.lease.check()
+
+
+def hold_run_dir(run: RunRef) -> RunDirectoryLease:
+    return RunDirectoryLease(run)
 
 
 @task(name="open-run", cache_policy=NO_CACHE, timeout_seconds=300)
-def open_run(cfg: RunConfig, run: RunRef) -> bool:
+def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
     """Save the configuration of a new run, or check it against the saved one; True when the run existed."""
-    return launch.open_run(cfg, run)
+    return launch.open_run(cfg, run, must_exist)
 
 
 @task(name="start-workers", cache_policy=NO_CACHE, timeout_seconds=1800)
-def start_workers(cfg: RunConfig, run: RunRef) -> dict:
+def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
     """Re-attach to the run's live actors or create them from the newest checkpoint; see launch.start_workers."""
-    info = launch.start_workers(cfg, run)
-    get_run_logger().info("workers of %s ready in namespace %s: %s", run.run_id, run.namespace, info)
-    return info
-
-
-@task(name="checkpoint", task_run_name="checkpoint-step-{step}", cache_policy=NO_CACHE, retries=1)
-def checkpoint(run: RunRef, step: int) -> str:
-    """DeepSpeed checkpoints of the critic and the actor after step `step` (rotation to ckpt.max_num)."""
-    if "critic" in run.roles:
-        call(run, "critic", "save_checkpoint", step, step=step)
-    return call(run, "actor", "save_checkpoint", step, step=step)
+    started = launch.start_workers(cfg, run)
+    get_run_logger().info("workers of %s ready in namespace %s: %s", run.run_id, run.namespace, started)
+    return started
 
 
 @task(name="save-model", cache_policy=NO_CACHE, retries=1)
 def save_model(run: RunRef, out_uri: str) -> str:
     """The final policy as HF weights (ckpt.output_dir, default <run dir>/model)."""
-    return call(run, "actor", "save_model", out_uri)
+    return call(run, "actor", "save_model", out_uri, stage="save-model")
 
 
 @task(name="stop-workers", cache_policy=NO_CACHE, timeout_seconds=300)

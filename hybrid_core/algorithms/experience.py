@@ -18,20 +18,20 @@ from hybrid_core.algorithms.losses import aggregate_token_loss, masked_mean, pol
 from hybrid_core.algorithms.penalties import overlong_penalty, stop_penalty
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdvantageSettings:
     estimator: str
     n_samples_per_prompt: int
+    kl_coef: float  # the KL controller's coefficient at the step (algo.kl.init_coef at first)
     gamma: float = 1.0
     lambd: float = 1.0
     no_std_norm: bool = False
-    kl_coef: float = 0.0
     kl_estimator: str = "k1"
     kl_use_loss: bool = False
     reward_clip: tuple[float, float] = (-10.0, 10.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PenaltySettings:
     max_new_tokens: int
     overlong_buffer_len: int | None = None
@@ -91,13 +91,13 @@ def sequence_mean_kl(kl: Tensor, mask: Tensor) -> float:
     return float(per_sequence.mean()) if per_sequence.numel() else 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActorLossSettings:
+    kl_coef: float  # the KL controller's coefficient at the step (algo.kl.init_coef at first)
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
     loss_type: str = "ppo"
-    kl_coef: float = 0.0
     kl_estimator: str = "k1"
     kl_use_loss: bool = False
     entropy_coef: float | None = None

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SinkSettings:
     run_id: str
     tensorboard_dir: str | None = None

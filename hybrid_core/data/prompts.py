@@ -1,6 +1,7 @@
 """Prompt datasets: loading (local JSONL/JSON/CSV/Parquet or a dataset directory), templating and the step sampler.
 
-Owns which prompts step k sees: episode-wise shuffles seeded by the run seed, `rollout.batch_size` prompts a step.
+Owns which prompts step k sees: episode-wise shuffles seeded by the step contract's `derive_seed`,
+`rollout.batch_size` prompts a step.
 It knows nothing about generation or rewards; prompts are identified by their row index in the loaded dataset.
 """
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from hybrid_core.step_contract import derive_seed
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
@@ -55,7 +58,8 @@ def format_prompt(text: str, tokenizer, apply_chat_template: bool, input_templat
 
 
 class PromptSampler:
-    """Maps step k (1-based) to its prompts: episode e = (k-1) // steps_per_episode, shuffled with seed + e."""
+    """Maps step k (1-based) to its prompts: episode e = (k-1) // steps_per_episode, shuffled by
+    derive_seed(seed, "episode", e)."""
 
     def __init__(self, rows: list[tuple[str, str]], batch_size: int, num_episodes: int, seed: int,
                  max_steps: int | None = None):
@@ -70,7 +74,7 @@ class PromptSampler:
     def refill_for_step(self, step: int, exclude: set[int]) -> list[Prompt]:
         """Replacement prompts for dynamic filtering: every other row, in an order seeded by (seed, step)."""
         order = [i for i in range(len(self.rows)) if i not in exclude]
-        random.Random(f"refill/{self.seed}/{step}").shuffle(order)
+        random.Random(derive_seed(self.seed, step, "refill")).shuffle(order)
         return [Prompt(i, *self.rows[i]) for i in order]
 
     def for_step(self, step: int) -> list[Prompt]:
@@ -78,6 +82,6 @@ class PromptSampler:
             raise ValueError(f"step must be in 1..{self.num_steps}: got {step}")
         episode, offset = divmod(step - 1, self.steps_per_episode)
         order = list(range(len(self.rows)))
-        random.Random(self.seed + episode).shuffle(order)
+        random.Random(derive_seed(self.seed, "episode", episode)).shuffle(order)
         picked = order[offset * self.batch_size:(offset + 1) * self.batch_size]
         return [Prompt(i, *self.rows[i]) for i in picked]

@@ -1,7 +1,9 @@
 """The run's Arrow store: `<root>/<run_id>/steps/<k>/<stage>/part-*.parquet` + `_SUCCESS`, manifest and events.
 
-Owns the layout, the atomic commit (temporary name + rename locally, `_SUCCESS` written last on object stores) and the
-append-only `events.jsonl`. It knows nothing about what the columns mean or who produces them.
+Owns the layout, the atomic commit (temporary name + rename locally, `_SUCCESS` written last on object stores), the
+manifest (every committed stage with its rows, policy version, content hash and the sha256 of each file), checking
+committed files against it before they are replayed, and the append-only `events.jsonl`. It knows nothing about
+what the columns mean or who produces them.
 """
 from __future__ import annotations
 
@@ -15,8 +17,20 @@ import pyarrow as pa
 import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
+from hybrid_core.step_contract import stages_after
+from hybrid_core.types import PermanentError
+
 SUCCESS = "_SUCCESS"
 ROWS_PER_PART = 4096
+MANIFEST = "manifest.json"
+
+
+class ManifestError(PermanentError):
+    """The run's manifest.json cannot be read: it was truncated, edited or overwritten."""
+
+
+class CommittedDataError(PermanentError):
+    """A committed file no longer matches what the manifest recorded when it was committed."""
 
 
 class RolloutStore:
@@ -41,28 +55,85 @@ class RolloutStore:
     def is_committed(self, step: int, stage: str) -> bool:
         return self.fs.exists(f"{self.stage_path(step, stage)}/{SUCCESS}")
 
-    def write(self, step: int, stage: str, table: pa.Table) -> str:
-        """Commit `table` as the stage's dataset, replacing any uncommitted leftovers; returns its URI."""
+    def committed_markers(self) -> set[tuple[int, str]]:
+        """(step, stage) of every dataset whose `_SUCCESS` marker exists, from one listing."""
+        found = set()
+        for path in self.fs.glob(f"{self.root}/steps/*/*/{SUCCESS}"):
+            *_, step, stage, _ = path.split("/")
+            if step.isdigit() and ".tmp-" not in stage:
+                found.add((int(step), stage))
+        return found
+
+    def write(self, step: int, stage: str, table: pa.Table) -> dict[str, str]:
+        """Commit `table` as the stage's dataset, replacing any uncommitted leftovers; returns {file: sha256}."""
         final = self.stage_path(step, stage)
         target = f"{final}.tmp-{uuid.uuid4().hex[:8]}" if self.is_local else final
         self._remove(final if not self.is_local else None)
         self.fs.makedirs(target, exist_ok=True)
+        files = {}
         for i, start in enumerate(range(0, max(table.num_rows, 1), ROWS_PER_PART)):
-            with self.fs.open(f"{target}/part-{i:05d}.parquet", "wb") as f:
-                pq.write_table(table.slice(start, ROWS_PER_PART), f)
-        with self.fs.open(f"{target}/{SUCCESS}", "wb") as f:
-            f.write(json.dumps({"rows": table.num_rows, "time": time.time()}).encode())
+            sink = pa.BufferOutputStream()
+            pq.write_table(table.slice(start, ROWS_PER_PART), sink)
+            data = sink.getvalue().to_pybytes()
+            name = f"part-{i:05d}.parquet"
+            self.fs.pipe_file(f"{target}/{name}", data)
+            files[name] = hashlib.sha256(data).hexdigest()
+        self.fs.pipe_file(f"{target}/{SUCCESS}", json.dumps({"rows": table.num_rows, "time": time.time()}).encode())
         if self.is_local:
             self._remove(final)
             self.fs.mv(target, final, recursive=True)
-        return self.stage_uri(step, stage)
+        return files
+
+    def _parts(self, step: int, stage: str) -> list[str]:
+        return sorted(p for p in self.fs.ls(self.stage_path(step, stage), detail=False) if p.endswith(".parquet"))
 
     def read(self, step: int, stage: str) -> pa.Table:
         if not self.is_committed(step, stage):
             raise FileNotFoundError(f"stage {stage!r} of step {step} is not committed under {self.run_dir}")
-        path = self.stage_path(step, stage)
-        files = sorted(p for p in self.fs.ls(path, detail=False) if p.endswith(".parquet"))
-        return pds.dataset(files, format="parquet", filesystem=self.fs).to_table()
+        return pds.dataset(self._parts(step, stage), format="parquet", filesystem=self.fs).to_table()
+
+    def verify(self, step: int, stage: str, entry: dict) -> None:
+        """Refuse a committed dataset whose files differ from the sha256 recorded at its commit."""
+        recorded = entry.get("files")
+        if recorded is None:  # committed before file hashes were recorded: nothing to check it against
+            return
+        present = {p.rsplit("/", 1)[-1] for p in self._parts(step, stage)}
+        for name in sorted(present | set(recorded)):
+            path = f"{self.stage_path(step, stage)}/{name}"
+            if name not in recorded:
+                problem = "is not in the manifest (added after the commit)"
+            elif name not in present:
+                problem = "is missing"
+            elif hashlib.sha256(self.fs.cat_file(path)).hexdigest() != recorded[name]:
+                problem = "does not match the sha256 recorded at its commit (changed after the commit)"
+            else:
+                continue
+            raise CommittedDataError(
+                f"step {step} stage {stage}: {self.stage_uri(step, stage)}/{name} {problem}; the run will not replay "
+                f"altered data. Restore the file, or delete {self.stage_uri(step, stage)}/{SUCCESS} to regenerate "
+                f"the stage (the step's later stages are then redone too)")
+
+    def replayable(self, step: int, stage: str, policy_version: int) -> dict | None:
+        """The manifest entry of a committed stage produced by `policy_version`, after checking its files; None when
+        the stage must be (re)generated: no entry, another version, or no `_SUCCESS` marker."""
+        entry = self.manifest()["steps"].get(str(step), {}).get(stage)
+        if entry is None or entry.get("policy_version") != policy_version or not self.is_committed(step, stage):
+            return None
+        self.verify(step, stage, entry)
+        return entry
+
+    def invalidate_after(self, step: int, stage: str) -> list[str]:
+        """Before `stage` of `step` is generated again: forget what the step committed after it (manifest entries
+        and datasets), so nothing computed from the old output is reused. Returns what was dropped."""
+        entries = self.manifest()["steps"].get(str(step), {})
+        stale = [name for name in stages_after(stage) if name in entries or self.fs.exists(self.stage_path(step, name))]
+        for name in stale:
+            self._remove(self.stage_path(step, name))
+        if any(name in entries for name in stale):
+            self.update_manifest(step, {name: None for name in stale})
+        if stale:
+            self.log_event(step, stage, "invalidate", dropped=stale)
+        return stale
 
     def _remove(self, path: str | None) -> None:
         if path and self.fs.exists(path):
@@ -89,6 +160,9 @@ class RolloutStore:
             old = self.fs.cat_file(path).decode() if self.fs.exists(path) else ""
             self.fs.pipe_file(path, (old + line + "\n").encode())
 
+    def exists(self, name: str) -> bool:
+        return self.fs.exists(f"{self.root}/{name}")
+
     def read_json(self, name: str, default=None):
         path = f"{self.root}/{name}"
         return json.loads(self.fs.cat_file(path)) if self.fs.exists(path) else default
@@ -105,31 +179,49 @@ class RolloutStore:
         else:
             self.fs.pipe_file(path, data)
 
-    def record_commit(self, step: int, stage: str, rows: int, policy_version: int, content_hash: str = "") -> None:
-        """Add the committed stage to manifest.json (the run's table of contents) and log the commit event."""
-        self.update_manifest(step, stage, {"rows": rows, "policy_version": policy_version, "hash": content_hash})
-        self.log_event(step, stage, "commit", rows=rows)
-
-    def update_manifest(self, step: int, key: str, value) -> None:
-        manifest = self.manifest()
-        manifest["steps"].setdefault(str(step), {})[key] = value
-        self.write_json("manifest.json", manifest)
-
     def manifest(self) -> dict:
-        return self.read_json("manifest.json", {"steps": {}})
+        """The run's table of contents ({"steps": {}} before the first commit); a damaged one is a clear error."""
+        try:
+            manifest = self.read_json(MANIFEST, {"steps": {}})
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise self.damaged(f"it is not valid JSON ({err})") from err
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), dict):
+            raise self.damaged("it has no 'steps' table")
+        return manifest
 
-    def commit(self, step: int, stage: str, table: pa.Table, policy_version: int, drop_from_hash=()) -> str:
-        """Write the stage atomically, then record it (rows, content hash, policy version) in the manifest."""
-        path = self.write(step, stage, table)
-        self.record_commit(step, stage, table.num_rows, policy_version, table_hash(table, drop_from_hash))
-        return path
+    def damaged(self, why: str) -> ManifestError:
+        return ManifestError(f"the run's manifest {self.run_dir}/{MANIFEST} is damaged: {why}. It lists what the run "
+                             "committed, so the run cannot be resumed or read without it: restore it from a copy, or "
+                             f"start a new --run_id (the datasets under {self.run_dir}/steps/ are untouched)")
 
-    def committed_entry(self, step: int, stage: str) -> dict | None:
-        """The manifest entry of a stage whose dataset is committed for the policy that step k uses (k − 1)."""
-        entry = self.manifest()["steps"].get(str(step), {}).get(stage)
-        if entry is None or entry.get("policy_version") != step - 1 or not self.is_committed(step, stage):
-            return None
-        return entry
+    def update_manifest(self, step: int, entries: dict) -> None:
+        """Set the step's entries (a None value removes one)."""
+        manifest = self.manifest()
+        current = manifest["steps"].setdefault(str(step), {})
+        for key, value in entries.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        self.write_json(MANIFEST, manifest)
+
+    def record(self, step: int, name: str, value: dict) -> None:
+        """Record a committed stage or record of `step` in the manifest, then log the commit event."""
+        self.update_manifest(step, {name: value})
+        self.log_event(step, name, "commit", **({"rows": value["rows"]} if "rows" in value else {}))
+
+    def commit(self, step: int, stage: str, table: pa.Table, policy_version: int, record: dict | None = None,
+               drop_from_hash=(), on_written=None) -> str:
+        """Write the stage atomically, then record it: rows, policy version, content hash (without the volatile
+        `drop_from_hash` columns), each file's sha256 and `record` (the stage's seconds and metrics).
+        `on_written()` runs between the two (fault tests stop there)."""
+        files = self.write(step, stage, table)
+        if on_written is not None:
+            on_written()
+        entry = {"rows": table.num_rows, "policy_version": policy_version, "hash": table_hash(table, drop_from_hash),
+                 "files": files} | dict(record or {})
+        self.record(step, stage, entry)
+        return self.stage_uri(step, stage)
 
 
 def table_hash(table: pa.Table, drop=()) -> str:

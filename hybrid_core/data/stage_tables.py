@@ -1,7 +1,7 @@
 """Arrow schemas of the stage datasets and the step's metrics row.
 
 Owns the column names and types of `rollout`, `reward`, `advantage` and `metrics` (DESIGN.md §2), and the metric
-keys computed from them. It knows nothing about how the values were produced.
+keys computed from them and from the stages' committed records. It knows nothing about how the values were produced.
 """
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import json
 import statistics
 
 import pyarrow as pa
+
+from hybrid_core.step_contract import TIMED_STAGES
 
 ints = pa.list_(pa.int32())
 floats = pa.list_(pa.float32())
@@ -83,3 +85,19 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
 
 def metrics_table(step: int, metrics: dict[str, float]) -> pa.Table:
     return pa.Table.from_pylist([{"step": step} | metrics])
+
+
+def experience_figures(advantage_entry: dict | None) -> dict[str, float]:
+    """The advantage stage's own figures (KL to the reference, KL coefficient, sample count) from its committed
+    record: what the policy update and the KL controller need, without the namespaced timings."""
+    metrics = (advantage_entry or {}).get("metrics", {})
+    return {key: value for key, value in metrics.items() if "/" not in key}
+
+
+def row_from_records(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, entries: dict) -> dict[str, float]:
+    """The step's metrics row from its committed datasets and its stages' records (`entries`: the step's manifest
+    entries): each stage's seconds as `timing_s/<stage>` and every namespaced figure it recorded."""
+    records = {stage: entries.get(stage) or {} for stage in TIMED_STAGES}
+    timings = {stage: float(r["seconds"]) for stage, r in records.items() if "seconds" in r}
+    extra = {key: float(value) for r in records.values() for key, value in r.get("metrics", {}).items() if "/" in key}
+    return step_metrics(rollout, reward, advantage, records["train"].get("metrics", {}), timings, extra)

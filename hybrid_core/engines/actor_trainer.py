@@ -16,7 +16,7 @@ from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, mi
 from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ISCorrection:
     kind: str
     low: float

@@ -20,7 +20,7 @@ from hybrid_core.engines.sequence_batch import MicroBatching, make_sequence_batc
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatchPlan:
     batch_size: int          # samples per optimizer step
     batching: MicroBatching  # how a step's samples are cut into forward/backward micro-batches

@@ -1,12 +1,12 @@
 """One step's rollout and reward stages on the rollout side: prompts → n samples each → rows; rows → rewards.
 
-Owns prompt tokenisation (template, left truncation to `max_len − max_new_tokens`), per-prompt seeds derived from
-(run seed, step, prompt index), and turning completions and reward_func results into stage rows.
+Owns prompt tokenisation (template, left truncation to `max_len − max_new_tokens`), per-prompt seeds (the step
+contract's `derive_seed` of run seed, step and prompt index), and turning completions and a reward source's scores
+into stage rows.
 It knows nothing about Ray or where rows are stored.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,16 +15,11 @@ import pyarrow as pa
 from hybrid_core.data.prompts import Prompt, format_prompt
 from hybrid_core.data.stage_tables import reward_table, rollout_table, sample_keys
 from hybrid_core.engines.vllm_rollout import SamplingSettings, VllmRolloutEngine
-from hybrid_core.rewards.reward_func import score_samples
+from hybrid_core.rewards.sources import RewardSource
+from hybrid_core.step_contract import derive_seed
 
 
-def derive_seed(seed: int, step: int, prompt_index: int) -> int:
-    """A stable 31-bit seed per (run seed, step, prompt): retries regenerate exactly the same samples."""
-    digest = hashlib.sha256(f"{seed}/{step}/{prompt_index}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptFormat:
     apply_chat_template: bool
     input_template: str | None
@@ -55,17 +50,16 @@ def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], f
     return rollout_table(rows)
 
 
-def reward_rows(rollout: pa.Table, reward_func: Callable, source: str) -> pa.Table:
-    """Score every sample with reward_func(queries, prompts, labels); query = prompt text + response text."""
+def reward_rows(rollout: pa.Table, source: RewardSource) -> pa.Table:
+    """Score every sample with the reward source; query = prompt text + response text."""
     prompts = rollout.column("prompt_text").to_pylist()
     responses = rollout.column("response_text").to_pylist()
     queries = [p + r for p, r in zip(prompts, responses)]
-    batch = score_samples(reward_func, source, queries, prompts, rollout.column("label").to_pylist(),
-                          keys=sample_keys(rollout))
+    batch = source.score(queries, prompts, rollout.column("label").to_pylist(), sample_keys(rollout))
     return reward_table(sample_keys(rollout), batch.rewards, batch.scores, batch.extra_logs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupFilter:
     """Dynamic filtering: keep a prompt's group iff low < mean(group scores) < high."""
 

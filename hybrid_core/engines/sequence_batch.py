@@ -43,7 +43,7 @@ class SequenceBatch:
         return SequenceBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MicroBatching:
     """How a list of samples is cut into forward micro-batches and laid out.
 

@@ -24,7 +24,7 @@ class EngineAsleepError(RuntimeError):
     """Raised when generation is asked of an engine whose KV cache or weights are asleep."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
     n: int
     max_new_tokens: int
@@ -42,18 +42,18 @@ class Completion:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     model_path: str
+    gpu_memory_utilization: float  # no default: the config's (vllm.gpu_memory_utilization) is the only one
+    seed: int
     param_dtype: str = "bf16"
-    gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False
     enable_prefix_caching: bool = False
     enable_sleep: bool = False
     sleep_level: int = 1
     tensor_parallel_size: int = 1
     max_model_len: int = 2048
-    seed: int = 0
     max_num_seqs: int | None = None  # None: vLLM's default for the device
     block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
 

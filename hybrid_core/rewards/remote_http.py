@@ -13,7 +13,13 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
+from hybrid_core.types import PermanentError
+
 BACKOFF_BASE_S = 1.0
+
+
+class RewardRequestRefused(PermanentError, RuntimeError):
+    """A reward server answered 4xx (not 429): the same request would be refused again."""
 
 
 def post_json(url: str, payload: dict, timeout_s: float, max_retries: int) -> dict:
@@ -27,7 +33,8 @@ def post_json(url: str, payload: dict, timeout_s: float, max_retries: int) -> di
                 return json.loads(response.read())
         except urllib.error.HTTPError as err:
             if err.code < 500 and err.code != 429:
-                raise RuntimeError(f"reward server {url} refused the request: HTTP {err.code} {err.reason}") from err
+                raise RewardRequestRefused(f"reward server {url} refused the request: HTTP {err.code} "
+                                           f"{err.reason}") from err
             last_error = err
         except (urllib.error.URLError, TimeoutError, ConnectionError) as err:
             last_error = err

@@ -1,7 +1,9 @@
 """Loading and calling a user reward function: `reward_func(queries, prompts, labels, **kwargs)`.
 
 Owns the seed's interface contract (returns {"rewards", "scores", "extra_logs"}) and its validation: a function that
-raises, returns the wrong length or a NaN fails with a message naming the file. It knows nothing of Ray or the store.
+raises, returns the wrong length, a wrong type or a NaN fails with a message naming the file and the sample. Such a
+failure is a `RewardFunctionError` (not retried) when calling again cannot help: bad output, or a raise that repeats
+on the failing sample alone. It knows nothing of Ray or the store.
 """
 from __future__ import annotations
 
@@ -12,6 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from hybrid_core.types import PermanentError
+
+
+class RewardFunctionError(PermanentError, ValueError):
+    """The reward function returned what the interface does not allow, or raised again on the sample alone."""
 
 
 @dataclass(frozen=True)
@@ -42,16 +50,25 @@ def _as_floats(value, name: str, n: int, source: str, keys: list | None = None) 
     try:
         values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
     except TypeError:
-        raise ValueError(f"reward_func in {source} returned {name} of type {type(value).__name__}; "
-                         f"return a tensor or list with one value per sample") from None
-    if len(values) != n:
-        raise ValueError(f"reward_func in {source} returned {len(values)} {name} for {n} samples; return one each")
-    floats = [float(v) for v in values]
+        raise RewardFunctionError(f"reward_func in {source} returned {name} of type {type(value).__name__}; "
+                                  f"return a tensor or list with one value per sample") from None
+    if isinstance(value, (str, bytes)) or len(values) != n:
+        raise RewardFunctionError(f"reward_func in {source} returned {len(values)} {name} for {n} samples "
+                                  f"({type(value).__name__}); return a tensor or list with one number per sample")
+    floats = [_as_float(v, i, name, source, keys) for i, v in enumerate(values)]
     bad = [i for i, v in enumerate(floats) if math.isnan(v) or math.isinf(v)]
     if bad:
-        raise ValueError(f"reward_func in {source} returned a non-finite {name[:-1]} {floats[bad[0]]} for sample "
+        raise RewardFunctionError(f"reward_func in {source} returned a non-finite {name[:-1]} {floats[bad[0]]} for sample "
                          f"{_sample_name(bad[0], keys)} ({len(bad)} of {n} samples); return finite numbers")
     return floats
+
+
+def _as_float(value, i: int, name: str, source: str, keys: list | None) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RewardFunctionError(f"reward_func in {source} returned {name[:-1]} {value!r} for sample "
+                                  f"{_sample_name(i, keys)}; return numbers") from None
 
 
 def _sample_name(i: int, keys: list | None) -> str:
@@ -77,10 +94,13 @@ def score_samples(func: Callable, source: str, queries: list[str], prompts: list
         failing = _first_failing(func, queries, prompts, labels)
         i, cause = failing if failing else (None, err)
         where = f"on sample {_sample_name(i, keys)}" if i is not None else f"on a batch of {len(queries)} samples"
-        raise RuntimeError(f"reward_func in {source} raised {type(cause).__name__}: {cause} {where}; fix the "
-                           f"reward function, then resume the run (committed stages are kept)") from err
+        # raising again on one sample alone: a retry would fail the same way; otherwise it may have been transient
+        error = RewardFunctionError if failing else RuntimeError
+        raise error(f"reward_func in {source} raised {type(cause).__name__}: {cause} {where}; fix the "
+                    f"reward function, then resume the run (committed stages are kept)") from err
     if not isinstance(out, dict) or "rewards" not in out:
-        raise ValueError(f"reward_func in {source} must return a dict with 'rewards': got {type(out).__name__}")
+        raise RewardFunctionError(f"reward_func in {source} must return a dict with 'rewards': got "
+                                  f"{type(out).__name__}{'' if not isinstance(out, dict) else ' without rewards'}")
     n = len(queries)
     rewards = _as_floats(out["rewards"], "rewards", n, source, keys)
     scores = _as_floats(out["scores"], "scores", n, source, keys) if "scores" in out else list(rewards)

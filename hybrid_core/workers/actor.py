@@ -1,7 +1,10 @@
-"""ActorWorker: the Ray actor owning the DeepSpeed policy: experience (advantage stage), training and weight sync.
+"""ActorWorker: the Ray actor owning the DeepSpeed policy: experience (advantage), training, weight sync, the
+step's metrics row and checkpoints.
 
 Methods only delegate to `engines` and move data between the run's store and the other workers (reference, critic
-and rollout workers are looked up by name). It holds the KL controller. It knows nothing about Prefect.
+and rollout workers are looked up by name); rank 0 leads the policy's other ranks and the critic. What a stage
+measures is committed with it through the step ledger, so the metrics row is built from the store alone. It holds
+the KL controller. It knows nothing about Prefect.
 """
 from __future__ import annotations
 
@@ -9,30 +12,31 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-import ray
-
 from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
 from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
 from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
-from hybrid_core.data.stage_tables import metrics_table, step_metrics
+from hybrid_core.data.stage_tables import experience_figures, metrics_table, row_from_records
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
-from hybrid_core.engines.checkpoint import (export_hf, load_checkpoint, remove_checkpoints, rng_state,
-                                           save_checkpoint, set_rng_state)
+from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
                                                  start_sleep_buffer)
-from hybrid_core.engines.experience_maker import ExperienceSources, experience_stats, make_advantage_table
+from hybrid_core.engines.experience_maker import make_advantage_table
 from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
-from hybrid_core.types import RunRef, StageResult
+from hybrid_core.step_contract import ADVANTAGE, METRICS, ROLLOUT, SYNC, TRAIN, derive_seed, generating_version
+from hybrid_core.types import MetricsRow, RunRef, StageResult
 from hybrid_core.workers import rank_group
+from hybrid_core.workers.checkpoints import CheckpointKeeper
+from hybrid_core.workers.faults import FaultPoints
 from hybrid_core.workers.stage_clock import stamped
+from hybrid_core.workers.step_ledger import VOLATILE_METRICS, StepLedger, check_reproduced, result_from_entry
 from hybrid_core.workers.weight_sender import WeightSender
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ActorWorkerArgs:
     model_path: str
     actor: ActorConfig
@@ -54,13 +58,10 @@ class ActorWorkerArgs:
     ckpt_root: str
     save_hf: bool
     max_num: int
-    sync_transport: str = "object_store"  # | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
-    num_engines: int = 1
-    role_ranks: tuple[tuple[str, int], ...] = ()  # (role, data-parallel ranks) of actor, ref and critic; absent: 1
-
-
-# wall-clock and device-memory figures: excluded from hashes and replay checks
-VOLATILE_METRICS = ("timing_s/", "rollout/tokens_per_s", "memory_gib/")
+    sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
+    num_engines: int
+    role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
+    faults: tuple = ()
 
 
 def make_kl_controller(kl: KlConfig):
@@ -74,6 +75,7 @@ class ActorWorker:
     def __init__(self, run: RunRef, args: ActorWorkerArgs, rank: int = 0):
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
+        self.ledger = StepLedger(self.store, FaultPoints(args.faults, self.store.log_event))
         self.tokenizer = load_tokenizer(args.model_path)
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
         self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
@@ -82,42 +84,48 @@ class ActorWorker:
         self.engine.sleep()
         self.kl_controller = make_kl_controller(args.kl)
         self.sinks = MetricSinks(args.sinks) if rank == 0 else None
-        self.policy_version, self.trained_step, self.step_stats = 0, 0, {}
+        self.policy_version, self.trained_step = 0, 0
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
+        self.checkpoints = CheckpointKeeper(self)
 
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}
 
+    def _check_weights(self, step: int, stage: str) -> None:
+        if self.trained_step != generating_version(step):
+            raise RuntimeError(f"actor rank {self.rank} holds the weights of step {self.trained_step}; {stage} of step "
+                               f"{step} needs version {generating_version(step)}: restore a checkpoint first")
+
     @stamped
     def make_experience(self, step: int) -> StageResult:
-        if self.store.committed_entry(step, "advantage"):  # produced by exactly this policy: replay it
-            table = self.store.read(step, "advantage")
-            self.step_stats[step] = experience_stats(table, self.args.advantage.kl_estimator) | {"kl_coef": self.kl_controller.coef,
-                                                               "num_samples": table.num_rows}
-            self.store.log_event(step, "advantage", "replay")
-            return StageResult("advantage", step, 0.0, table.num_rows, replayed=True)
-        self.store.log_event(step, "advantage", "start")
-        start = time.perf_counter()
+        if entry := self.ledger.replay(step, ADVANTAGE.name):  # produced by exactly this policy: replay it
+            return StageResult(stage=ADVANTAGE.name, step=step, seconds=0.0, rows=entry["rows"], replayed=True)
+        self._check_weights(step, ADVANTAGE.name)
+        self.ledger.begin(step, ADVANTAGE.name)
         reset_memory_peak()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
-        table, stats = make_advantage_table(_ShardedPolicy(self), self.store.read(step, "rollout"),
+        table, stats = make_advantage_table(_ShardedPolicy(self), self.store.read(step, ROLLOUT.name),
                                             self.store.read(step, "reward"), self._sources(), settings,
                                             self.args.penalties, self.args.experience_batching)
-        path = self.store.commit(step, "advantage", table, step - 1)
-        stats |= memory_peak_gib("actor_experience")
-        self.step_stats[step] = stats | {"kl_coef": self.kl_controller.coef, "num_samples": table.num_rows}
-        return StageResult("advantage", step, time.perf_counter() - start, table.num_rows, path, metrics=stats)
+        stats |= memory_peak_gib("actor_experience") | {"kl_coef": self.kl_controller.coef,
+                                                         "num_samples": float(table.num_rows)}
+        entry = self.ledger.commit(step, ADVANTAGE.name, table, self.clock, stats)
+        return StageResult(stage=ADVANTAGE.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
+                           path=self.store.stage_uri(step, ADVANTAGE.name), metrics=entry["metrics"])
 
-    def _sources(self) -> ExperienceSources:
-        return ExperienceSources(self._remote_forward("ref", "logprobs") if "ref" in self.args.roles else None,
-                                 self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
+    def _sources(self):
+        from hybrid_core.engines.experience_maker import ExperienceSources
+
+        return ExperienceSources(
+            ref_logprobs=self._remote_forward("ref", "logprobs") if "ref" in self.args.roles else None,
+            values=self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
 
     def _remote_forward(self, role: str, method: str):
         """`role`'s forward of the rows, its ranks each taking a share."""
         def forward(prompt_ids, response_ids):
             workers = rank_group.all_ranks(self.run, role, self._num_ranks(role))
-            remote = [lambda p, r, w=w: getattr(w, method).remote(p, r) for w in workers]
-            return rank_group.sharded_rows(prompt_ids, response_ids, remote, self.run.stage_timeout_s)
+            remote = [(rank, lambda p, r, w=w: getattr(w, method).remote(p, r)) for rank, w in enumerate(workers)]
+            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s)
         return forward
 
     def _num_ranks(self, role: str) -> int:
@@ -129,17 +137,32 @@ class ActorWorker:
 
     @stamped
     def train(self, step: int) -> StageResult:
+        committed = self.ledger.entry(step, TRAIN.name)
         if self.trained_step >= step:  # a re-attached actor that already trained this step
-            return StageResult("train", step, 0.0, replayed=True, metrics=self.step_stats.get(step, {}))
-        self.store.log_event(step, "train", "start")
-        start = time.perf_counter()
-        coef = self.kl_controller.coef
-        peer_calls = [peer.train_share.remote(step, coef) for peer in self._peers()]
-        stats = rank_group.with_peers(peer_calls, lambda: self._fit(step, coef), self.run.stage_timeout_s)
-        experience = self.step_stats.get(step, {})
-        self.kl_controller.update(experience.get("experience_kl_seq", 0.0), experience.get("num_samples", 0))
-        self.step_stats[step], self.trained_step = experience | stats, step
-        return StageResult("train", step, time.perf_counter() - start, metrics=stats)
+            return result_from_entry(TRAIN.name, step, committed, replayed=True)
+        self._check_weights(step, TRAIN.name)
+        self.ledger.begin(step, TRAIN.name)
+        experience = experience_figures(self.ledger.entry(step, ADVANTAGE.name))
+        stats = experience | self._critic_train(step) | self._train_ranks(step, self.kl_controller.coef)
+        self.kl_controller.update(experience.get("experience_kl_seq", 0.0), int(experience.get("num_samples", 0)))
+        self.trained_step = step
+        if committed is not None:  # trained again after a restore: it must reproduce what it committed
+            check_reproduced(step, TRAIN.name, committed["metrics"], stats)
+            self.ledger.seconds(step, TRAIN.name)
+            self.store.log_event(step, TRAIN.name, "reproduced")
+            return result_from_entry(TRAIN.name, step, committed, replayed=True)
+        return result_from_entry(TRAIN.name, step, self.ledger.record(step, TRAIN.name, self.clock, stats))
+
+    def _critic_train(self, step: int) -> dict:
+        """The critic's update of the step (gae), before the policy's, led from here like the forwards."""
+        if "critic" not in self.args.roles:
+            return {}
+        critic = rank_group.all_ranks(self.run, "critic", 1)[0]
+        return rank_group.gather("critic", [(0, critic.train.remote(step))], self.run.stage_timeout_s)[0]
+
+    def _train_ranks(self, step: int, kl_coef: float) -> dict:
+        peer_calls = rank_group.started_on_peers(self._peers(), "train_share", step, kl_coef)
+        return rank_group.with_peers("actor", peer_calls, lambda: self._fit(step, kl_coef), self.run.stage_timeout_s)
 
     def _fit(self, step: int, kl_coef: float) -> dict:
         """This rank's part of the step's policy update (the whole of it with one rank)."""
@@ -163,7 +186,7 @@ class ActorWorker:
         return stats
 
     def _train_samples(self, step: int) -> TrainSamples:
-        ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
+        ro, adv = self.store.read(step, ROLLOUT.name), self.store.read(step, ADVANTAGE.name)
         column = lambda table, name: table.column(name).to_pylist()  # noqa: E731
         return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"), column(adv, "old_logprobs"),
                             column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
@@ -171,69 +194,77 @@ class ActorWorker:
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train
-        return BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, seed=t.seed * 100003 + step)
+        return BatchPlan(batch_size=t.batch_size, batching=self.args.train_batching, max_epochs=t.max_epochs,
+                         seed=derive_seed(t.seed, step, "actor-batches"))
 
     @stamped
     def sync(self, step: int) -> StageResult:
-        """Push the trained weights to the rollout engine bucket by bucket; the engines then hold version `step`."""
+        """Push the trained weights to the rollout engines bucket by bucket; the engines then hold version `step`."""
         if self.policy_version >= step:
-            return StageResult("sync", step, 0.0, replayed=True)
-        self.store.log_event(step, "sync", "start")
-        start = time.perf_counter()
+            return result_from_entry(SYNC.name, step, self.ledger.entry(step, SYNC.name), replayed=True)
+        self.ledger.begin(step, SYNC.name)
+        sent = self.push_to_engines(step)
+        entry = self.ledger.record(step, SYNC.name, self.clock, {"bytes": float(sent)}, policy_version=step)
+        return result_from_entry(SYNC.name, step, entry)
+
+    def push_to_engines(self, version: int) -> int:
+        """Every rollout engine loads this policy's weights, then holds `version`; returns the bytes of one copy
+        (also how restored weights reach the engines when workers start)."""
         timeout = self.run.stage_timeout_s
-        rollouts = [ray.get_actor(self.run.actor_name("rollout", rank), namespace=self.run.namespace)
-                    for rank in range(self.args.num_engines)]
-        ray.get([r.begin_weight_update.remote() for r in rollouts], timeout=timeout)
+        rollouts = rank_group.all_ranks(self.run, "rollout", self.args.num_engines)
+        rank_group.gather("rollout", [(r, e.begin_weight_update.remote()) for r, e in enumerate(rollouts)], timeout)
         if self.args.sync_transport == "cuda_ipc" and len(rollouts) > 1:  # rank r's GPU holds engine r
-            peer_calls = [peer.push_weights.remote(rank) for rank, peer in enumerate(self._peers(), start=1)]
-            sent = rank_group.with_peers(peer_calls, lambda: self.push_weights(0), timeout)
+            peer_calls = [(rank, peer.push_weights.remote(rank)) for rank, peer in enumerate(self._peers(), start=1)]
+            sent = rank_group.with_peers("actor", peer_calls, lambda: self.push_weights(0), timeout)
         else:
             sent = self.sender.send(self.engine.module, self.engine.is_zero3, rollouts)
-        self.policy_version = min(ray.get([r.end_weight_update.remote(step) for r in rollouts], timeout=timeout))
-        self.store.update_manifest(step, "sync", {"policy_version": step})
-        self.store.log_event(step, "sync", "commit")
-        return StageResult("sync", step, time.perf_counter() - start, metrics={"bytes": float(sent)})
+        ended = [(r, e.end_weight_update.remote(version)) for r, e in enumerate(rollouts)]
+        self.policy_version = min(rank_group.gather("rollout", ended, timeout))
+        return sent
 
     def push_weights(self, engine_rank: int) -> int:
         """This rank's weights to the engine on its GPU (CUDA IPC); returns the bytes sent."""
-        engine = ray.get_actor(self.run.actor_name("rollout", engine_rank), namespace=self.run.namespace)
+        engine = rank_group.all_ranks(self.run, "rollout", engine_rank + 1)[engine_rank]
         return self.sender.send(self.engine.module, self.engine.is_zero3, [engine])
 
-    def write_metrics(self, step: int, timings: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
-        """Commit the step's metrics row (needs every stage's timing, so it runs after sync)."""
-        tables = [self.store.read(step, s) for s in ("rollout", "reward", "advantage")]
-        metrics = step_metrics(*tables, self.step_stats.pop(step, {}), timings, extra)
-        if self.store.committed_entry(step, "metrics"):  # a replayed step must reproduce what it committed
-            committed = self.store.read(step, "metrics").to_pylist()[0]
-            check_reproduced(step, committed, metrics)
-            self.store.log_event(step, "metrics", "replay")
-            return committed
-        self.store.commit(step, "metrics", metrics_table(step, metrics), step - 1,
-                          drop_from_hash=[k for k in metrics if k.startswith(VOLATILE_METRICS)])
-        self.sinks.log(step, metrics)
-        return metrics
+    @stamped
+    def write_metrics(self, step: int) -> MetricsRow:
+        """Commit the step's metrics row, built from what the step committed (nothing from memory)."""
+        if entry := self.ledger.replay(step, METRICS.name):
+            return MetricsRow(step=step, values=self._committed_row(step), replayed=True)
+        self.ledger.begin(step, METRICS.name)
+        tables = [self.store.read(step, s) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
+        values = row_from_records(*tables, self.store.manifest()["steps"][str(step)])
+        self.ledger.commit(step, METRICS.name, metrics_table(step, values), None, {},
+                           drop_from_hash=[k for k in values if k.startswith(VOLATILE_METRICS)])
+        self.sinks.log(step, values)
+        return MetricsRow(step=step, values=values)
 
-    def save_checkpoint(self, step: int) -> str:
-        """DeepSpeed checkpoint of the policy with the client state resume needs; HF weights with ckpt.save_hf."""
-        state = {"step": step, "policy_version": self.policy_version, "kl_coef": self.kl_controller.coef,
-                 "rng": rng_state()}
-        peer_calls = [peer.save_share.remote(step) for peer in self._peers()]  # DeepSpeed saves collectively
-        uri = rank_group.with_peers(peer_calls, lambda: save_checkpoint(self.engine, self.args.ckpt_root, "actor",
-                                                                        step, state), self.run.stage_timeout_s)
-        if self.args.save_hf:
-            export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
-        self.store.update_manifest(step, "checkpoint", f"global_step{step}")
-        self.store.log_event(step, "checkpoint", "commit")
-        kept = sorted(int(k) for k, v in self.store.manifest()["steps"].items() if "checkpoint" in v)
-        if len(kept) > self.args.max_num:  # rotation: keep the newest ckpt.max_num
-            remove_checkpoints(self.args.ckpt_root, kept[:-self.args.max_num])
-            for old in kept[:-self.args.max_num]:
-                self.store.update_manifest(old, "checkpoint", None)
-        return uri
+    def _committed_row(self, step: int) -> dict[str, float]:
+        row = self.store.read(step, METRICS.name).to_pylist()[0]
+        return {k: v for k, v in row.items() if k != "step"}
+
+    def committed_rows(self) -> list[MetricsRow]:
+        """Every committed metrics row of the run, in step order (the UI's table after a resume)."""
+        steps = sorted(int(k) for k, v in self.store.manifest()["steps"].items() if METRICS.name in v)
+        return [MetricsRow(step=k, values=self._committed_row(k), replayed=True) for k in steps]
+
+    @stamped
+    def save_checkpoint(self, step: int) -> StageResult:
+        return self.checkpoints.save(step)
 
     def save_share(self, step: int) -> str:
-        """Ranks 1..n-1, called by rank 0's `save_checkpoint`: this rank's part of the DeepSpeed checkpoint."""
+        """Ranks 1..n-1, called by rank 0's checkpoint save: this rank's part of the DeepSpeed checkpoint."""
         return save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, {"step": step})
+
+    def save_own(self, step: int) -> str:
+        """Rank 0's part of a checkpoint: the client state resume needs, with the DeepSpeed state."""
+        state = {"step": step, "policy_version": self.policy_version, "kl_coef": self.kl_controller.coef,
+                 "rng": rng_state()}
+        uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, state)
+        if self.args.save_hf:
+            export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
+        return uri
 
     def restore_share(self, step: int) -> int:
         """Ranks 1..n-1, called by rank 0's `restore`."""
@@ -242,10 +273,11 @@ class ActorWorker:
         return step
 
     def restore(self, step: int) -> dict:
-        """Load checkpoint `step`: weights, optimizer, scheduler, KL coefficient and RNG states."""
-        peer_calls = [peer.restore_share.remote(step) for peer in self._peers()]
-        state = rank_group.with_peers(peer_calls, lambda: load_checkpoint(self.engine, self.args.ckpt_root, "actor",
-                                                                          step), self.run.stage_timeout_s)
+        """Load checkpoint `step` (the critic's too): weights, optimizer, scheduler, KL coefficient, RNG states."""
+        self.checkpoints.restore_critic(step)
+        peer_calls = rank_group.started_on_peers(self._peers(), "restore_share", step)
+        state = rank_group.with_peers("actor", peer_calls, lambda: load_checkpoint(
+            self.engine, self.args.ckpt_root, "actor", step), self.run.stage_timeout_s)
         self.store.log_event(step, "checkpoint", "restore")
         self.kl_controller.coef = state["kl_coef"]
         set_rng_state(state["rng"])
@@ -272,16 +304,7 @@ class _ShardedPolicy:
 
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         w = self.worker
-        remote = [lambda p, r, peer=peer: peer.logprobs_of.remote(p, r) for peer in w._peers()]
-        return rank_group.sharded_rows(prompt_ids, response_ids, remote, w.run.stage_timeout_s,
+        remote = [(rank, lambda p, r, peer=peer: peer.logprobs_of.remote(p, r))
+                  for rank, peer in enumerate(w._peers(), start=1)]
+        return rank_group.sharded_rows(prompt_ids, response_ids, "actor", remote, w.run.stage_timeout_s,
                                        local=lambda p, r: w.engine.logprobs(p, r, batching))
-
-
-def check_reproduced(step: int, committed: dict, metrics: dict, atol: float = 1e-6) -> None:
-    """Fail when a replayed step's figures differ from those it committed (wall-clock figures excepted)."""
-    differing = {k: (committed.get(k), v) for k, v in metrics.items()
-                 if not k.startswith(VOLATILE_METRICS) and isinstance(v, float)
-                 and abs((committed.get(k) or 0.0) - v) > atol * max(1.0, abs(v))}
-    if differing:
-        raise RuntimeError(f"replayed step {step} did not reproduce its committed metrics: {differing}; the "
-                           "restored policy is not the one that produced the committed datasets")

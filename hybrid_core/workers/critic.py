@@ -4,7 +4,6 @@ Methods only delegate to `engines` and read the committed datasets; it knows not
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from hybrid_core.config import CriticConfig, DsConfig, TrainConfig
@@ -12,17 +11,16 @@ from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.checkpoint import load_checkpoint, save_checkpoint
 from hybrid_core.engines.critic_trainer import CriticSamples, fit_critic
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, start_sleep_buffer
-from hybrid_core.engines.frozen_model import load_tokenizer
-from hybrid_core.engines.frozen_model import attn_implementation_for
+from hybrid_core.engines.frozen_model import attn_implementation_for, load_tokenizer
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.value_model import batched_values, load_value_model
-from hybrid_core.types import RunRef, StageResult
+from hybrid_core.step_contract import derive_seed
+from hybrid_core.types import RunRef
 from hybrid_core.workers import rank_group
-from hybrid_core.workers.stage_clock import stamped
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CriticWorkerArgs:
     model_path: str
     critic: CriticConfig
@@ -33,7 +31,7 @@ class CriticWorkerArgs:
     total_optimizer_steps: int
     extensions_dir: str
     ckpt_root: str
-    num_ranks: int = 1  # data-parallel ranks; the tasks call rank 0, which leads the others (`rank_group`)
+    num_ranks: int  # data-parallel ranks; the actor calls rank 0, which leads the others (`rank_group`)
 
 
 class CriticWorker:
@@ -57,15 +55,14 @@ class CriticWorker:
 
     def save_checkpoint(self, step: int) -> str:
         """DeepSpeed saves collectively: rank 0 starts the other ranks' saves."""
-        peer_calls = [peer.save_checkpoint.remote(step) for peer in self._peers()]
-        return rank_group.with_peers(peer_calls, lambda: save_checkpoint(self.engine, self.args.ckpt_root, "critic",
-                                                                         step, {"step": step}),
-                                     self.run.stage_timeout_s)
+        peer_calls = rank_group.started_on_peers(self._peers(), "save_checkpoint", step)
+        return rank_group.with_peers("critic", peer_calls, lambda: save_checkpoint(
+            self.engine, self.args.ckpt_root, "critic", step, {"step": step}), self.run.stage_timeout_s)
 
     def restore(self, step: int) -> dict:
-        peer_calls = [peer.restore.remote(step) for peer in self._peers()]
-        rank_group.with_peers(peer_calls, lambda: load_checkpoint(self.engine, self.args.ckpt_root, "critic", step),
-                              self.run.stage_timeout_s)
+        peer_calls = rank_group.started_on_peers(self._peers(), "restore", step)
+        rank_group.with_peers("critic", peer_calls, lambda: load_checkpoint(
+            self.engine, self.args.ckpt_root, "critic", step), self.run.stage_timeout_s)
         self.trained_step = step
         return self.ready()
 
@@ -74,16 +71,16 @@ class CriticWorker:
         return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
                               self.args.forward_batching)
 
-    @stamped
-    def train(self, step: int) -> StageResult:
+    def train(self, step: int) -> dict:
+        """The critic's update of step `step` (called by the actor's rank 0, which leads the step's training);
+        returns its namespaced figures."""
         if self.trained_step >= step:  # a re-attached critic that already trained this step
-            return StageResult("train", step, 0.0, replayed=True, metrics=self.last_metrics)
-        start = time.perf_counter()
-        peer_calls = [peer.train.remote(step) for peer in self._peers()]  # each rank trains on its share
-        stats = rank_group.with_peers(peer_calls, lambda: self._fit(step), self.run.stage_timeout_s)
+            return self.last_metrics
+        peer_calls = rank_group.started_on_peers(self._peers(), "train", step)  # each rank trains on its share
+        stats = rank_group.with_peers("critic", peer_calls, lambda: self._fit(step), self.run.stage_timeout_s)
         self.trained_step = step
         self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}
-        return StageResult("train", step, time.perf_counter() - start, metrics=self.last_metrics)
+        return self.last_metrics
 
     def _fit(self, step: int) -> dict:
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
@@ -92,6 +89,7 @@ class CriticWorker:
         t = self.args.train
         self.engine.wake_up()
         stats = fit_critic(self.engine, samples, self.args.critic.value_clip,
-                           BatchPlan(t.batch_size, self.args.train_batching, t.max_epochs, t.seed * 100019 + step))
+                           BatchPlan(batch_size=t.batch_size, batching=self.args.train_batching,
+                                     max_epochs=t.max_epochs, seed=derive_seed(t.seed, step, "critic-batches")))
         self.engine.sleep()
         return stats

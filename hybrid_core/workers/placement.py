@@ -1,7 +1,7 @@
 """Ray placement for a run: connecting to Ray, the colocated placement group, and creating/killing named actors.
 
-Owns the only reads of environment variables (RAY_ADDRESS, cache locations) and the runtime env each role's
-process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, rendezvous ports). Actors are named
+Owns the only reads of environment variables (RAY_ADDRESS, cache locations, HYBRID_FAULTS) and the runtime env each
+role's process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, rendezvous ports). Actors are named
 `<run_id>/<role>/<rank>` in the namespace `hybrid-<run_id>`, detached, and killed when the run ends.
 It knows nothing about Prefect or what the workers compute.
 """
@@ -20,6 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid_core.types import RunRef
+from hybrid_core.workers.faults import Fault, parse_faults
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 900
@@ -29,6 +30,11 @@ def extensions_dir() -> str:
     """DeepSpeed's JIT cache: a folder the project owns (stale build locks can be found and cleared), one per Python
     environment, because ops built against one torch must not be rebuilt in turn by another venv's builds."""
     return os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path(sys.prefix) / ".cache" / "torch_extensions")
+
+
+def injected_faults() -> tuple[Fault, ...]:
+    """Faults the fault tests inject (`HYBRID_FAULTS`, see `workers.faults`); none outside tests."""
+    return parse_faults(os.environ.get("HYBRID_FAULTS", ""))
 
 
 def connect(num_cpus: int | None = None, num_gpus: int | None = None) -> None:

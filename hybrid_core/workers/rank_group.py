@@ -1,19 +1,33 @@
-"""The data-parallel ranks of a DeepSpeed role, seen from its rank 0: the one rank the Prefect tasks call.
+"""The ranks of a role, seen from its rank 0: the one rank the Prefect tasks call.
 
 Rank 0 leads: it starts the same method on ranks 1..n-1 (they wait idle for it, so nothing deadlocks), does its own
-share, and waits for theirs; collectives inside DeepSpeed keep the ranks' updates together. No-grad forwards are
-split into contiguous shares of the rows, one per rank, computed at the same time. Owns the shares and the
-fan-out; it knows nothing about what the methods compute or about Prefect.
+share, and waits for theirs; collectives inside DeepSpeed keep the ranks' updates together. No-grad forwards (and
+rollout engines' prompts) are split into contiguous shares, one per rank, computed at the same time. Owns the
+shares, the fan-out and the one way a peer's failure is reported: `RankFailure`, naming the role and rank. It knows
+nothing about what the methods compute or about Prefect.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 import ray
 
-from hybrid_core.types import RunRef
+from hybrid_core.types import PermanentError, RunRef
 
 Rows = list[list[int]]
+
+
+class RankFailure(RuntimeError):
+    """A rank that rank 0 led died, hung past the stage timeout or raised; `cause` is the rank's own error."""
+
+    def __init__(self, role: str, rank: int, what: str, cause: BaseException | None = None):
+        super().__init__(f"{role} rank {rank} {what}")
+        self.role, self.rank, self.what, self.cause = role, rank, what, cause
+
+    @property
+    def is_permanent(self) -> bool:
+        return isinstance(self.cause, PermanentError) or getattr(self.cause, "is_permanent", False)
 
 
 def _handles(run: RunRef, role: str, ranks: range) -> list:
@@ -41,24 +55,57 @@ def share_bounds(num_rows: int, num_parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def sharded_rows(prompt_ids: Rows, response_ids: Rows, remote: Sequence[Callable], timeout_s: float,
-                 local: Callable | None = None) -> list:
-    """One result per row, computed in shares: `local` (this process, the first share) while every `remote` call
-    (returning an object ref) computes one of the following shares; an empty share calls nothing."""
-    calls = ([local] if local is not None else []) + list(remote)
-    shares = [(call, a, b) for call, (a, b) in zip(calls, share_bounds(len(prompt_ids), len(calls))) if b > a]
-    is_local = [local is not None and call is local for call, _, _ in shares]
-    pending = [None if own else call(prompt_ids[a:b], response_ids[a:b])
-               for own, (call, a, b) in zip(is_local, shares)]
-    rows = []
-    for own, (call, a, b), ref in zip(is_local, shares, pending):
-        rows.extend(call(prompt_ids[a:b], response_ids[a:b]) if own else ray.get(ref, timeout=timeout_s))
+# Rank 0 gives its peers a little less than the stage timeout, so a hung peer is reported by rank 0, naming it,
+# before the task gives up on rank 0 itself.
+PEER_TIMEOUT_SHARE = 0.9
+
+
+def _deadline(timeout_s: float) -> float:
+    return time.monotonic() + PEER_TIMEOUT_SHARE * timeout_s
+
+
+def gather(role: str, pending: Sequence[tuple[int, object]], timeout_s: float, deadline: float | None = None) -> list:
+    """The results of `(rank, object ref)` calls in order, waiting until `deadline` (monotonic; default: from now,
+    the peers' share of the stage timeout); a failing rank raises `RankFailure` naming it."""
+    deadline = _deadline(timeout_s) if deadline is None else deadline
+    results = []
+    for rank, ref in pending:
+        try:
+            results.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except ray.exceptions.GetTimeoutError:
+            raise RankFailure(role, rank, f"gave no answer within {timeout_s:.0f}s (train.stage_timeout_s)") from None
+        except ray.exceptions.RayActorError as err:
+            raise RankFailure(role, rank, f"died ({type(err).__name__}); resume the run to recreate it") from err
+        except ray.exceptions.RayTaskError as err:
+            raise RankFailure(role, rank, f"failed: {err.cause!r}", err.cause) from err
+    return results
+
+
+def sharded_rows(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
+                 timeout_s: float, local: Callable | None = None) -> list:
+    """One result per row, computed in shares: `local` (this process, the first share) while every remote
+    `(rank, call)` (returning an object ref) computes one of the following shares; an empty share calls nothing."""
+    deadline = _deadline(timeout_s)
+    calls = ([(0, local)] if local is not None else []) + list(remote)
+    shares = [(rank, call, a, b) for (rank, call), (a, b) in zip(calls, share_bounds(len(prompt_ids), len(calls)))
+              if b > a]
+    pending = [(rank, call(prompt_ids[a:b], response_ids[a:b])) for rank, call, a, b in shares if call is not local]
+    own = shares[0] if shares and shares[0][1] is local else None
+    rows = list(local(prompt_ids[own[2]:own[3]], response_ids[own[2]:own[3]])) if own else []
+    for result in gather(role, pending, timeout_s, deadline):
+        rows.extend(result)
     return rows
 
 
-def with_peers(peer_calls: list, own: Callable, timeout_s: float):
-    """Run `own()` while the peers' already started calls (object refs) run; returns own's result once all
-    finished (a peer's failure is raised)."""
+def with_peers(role: str, peer_calls: Sequence[tuple[int, object]], own: Callable, timeout_s: float):
+    """Run `own()` while the peers' already started `(rank, object ref)` calls run; returns own's result once all
+    finished within the stage timeout (a peer's failure raises `RankFailure`)."""
+    deadline = _deadline(timeout_s)
     result = own()
-    ray.get(peer_calls, timeout=timeout_s)
+    gather(role, peer_calls, timeout_s, deadline)
     return result
+
+
+def started_on_peers(handles: Sequence, method: str, *args) -> list[tuple[int, object]]:
+    """Start `method(*args)` on each peer handle (ranks 1, 2, …); returns the `(rank, object ref)` pairs."""
+    return [(rank, getattr(handle, method).remote(*args)) for rank, handle in enumerate(handles, start=1)]

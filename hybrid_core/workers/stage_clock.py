@@ -1,8 +1,9 @@
-"""When a worker began each stage call, and the seconds its Python garbage collector paused it since its last one.
+"""When a worker began each stage call, how long the call waited to be dispatched, and the seconds its Python garbage
+collector paused it since the previous stage.
 
 Owns the `stamped` decorator of the workers' stage methods and a process-wide GC pause counter (Python's
-`gc.callbacks`). The flow's task logs the dispatch (call → worker start); `timing_s/gc_<stage>` says how much of a
-stage, and of the worker's time before it, went to collection. It knows nothing about what the stages do.
+`gc.callbacks`). The caller passes `called_at` (its wall clock at the call); the figures are recorded with the stage
+in the run's store (`timing_s/dispatch_<stage>`, `timing_s/gc_<stage>`). It knows nothing about what stages do.
 """
 from __future__ import annotations
 
@@ -30,15 +31,28 @@ def gc_seconds_since_last_report() -> float:
     return paused
 
 
+@dataclasses.dataclass(kw_only=True)
+class CallClock:
+    """The stage call a worker is serving: when it was made and when the worker began it."""
+
+    called_at: float
+    entered_at: float
+
+    def figures(self, stage: str) -> dict[str, float]:
+        """Dispatch (call → start) and the collector's pauses since the previous report, for the stage's record."""
+        return {f"timing_s/dispatch_{stage}": max(0.0, self.entered_at - self.called_at),
+                f"timing_s/gc_{stage}": gc_seconds_since_last_report()}
+
+
 def stamped(method):
-    """Decorate a worker's stage method: its StageResult records when the worker began the call (`entered_at`) and
-    `timing_s/gc_<stage>`, the collector's pauses in this process since the previous stamped call returned."""
+    """Decorate a worker's stage method `(self, step, *, called_at=None)`: `self.clock` holds the call's clock while
+    it runs, and the StageResult records when the worker began (`entered_at`)."""
 
     @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
+    def wrapper(self, *args, called_at: float | None = None, **kwargs):
         entered = time.time()
+        self.clock = CallClock(called_at=called_at or entered, entered_at=entered)
         result = method(self, *args, **kwargs)
-        metrics = result.metrics | {f"timing_s/gc_{result.stage}": gc_seconds_since_last_report()}
-        return dataclasses.replace(result, entered_at=entered, metrics=metrics)
+        return dataclasses.replace(result, entered_at=entered)
 
     return wrapper

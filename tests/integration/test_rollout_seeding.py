@@ -18,11 +18,12 @@ FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64
 def engine(tiny_model):
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
-    return VllmRolloutEngine(EngineSettings(str(tiny_model), "fp32", enforce_eager=True, max_model_len=64))
+    return VllmRolloutEngine(EngineSettings(model_path=str(tiny_model), param_dtype="fp32", gpu_memory_utilization=0.1, seed=0,
+                                            enforce_eager=True, max_model_len=64))
 
 
 def responses(engine, prompts, seed_per_prompt: bool, step: int = 1) -> dict[tuple[int, int], list[int]]:
-    sampling = SamplingSettings(2, 12, temperature=1.0, seed_per_prompt=seed_per_prompt)
+    sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed_per_prompt=seed_per_prompt)
     table = generate_rows(engine, engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step, policy_version=0)
     return {(r["prompt_index"], r["sample_index"]): r["response_ids"] for r in table.to_pylist()}
 

@@ -19,8 +19,17 @@ def test_only_the_local_share_runs_here_and_empty_shares_call_nothing():
         return [len(p) + len(r) for p, r in zip(prompts, responses)]
 
     prompts, responses = [[1], [2, 3], [4, 5, 6]], [[7], [8], [9, 9]]
-    assert sharded_rows(prompts, responses, [], 1.0, local=local) == [2, 3, 5]
+    assert sharded_rows(prompts, responses, "actor", [], 1.0, local=local) == [2, 3, 5]
     assert seen == [(prompts, responses)]
     # one row for two ranks: the remote rank's share is empty, so it is never called
     never = lambda p, r: (_ for _ in ()).throw(AssertionError("called with an empty share"))  # noqa: E731
-    assert sharded_rows(prompts[:1], responses[:1], [never], 1.0, local=local) == [2]
+    assert sharded_rows(prompts[:1], responses[:1], "actor", [(1, never)], 1.0, local=local) == [2]
+
+
+def test_a_failing_rank_is_named_and_its_cause_kept():
+    from hybrid_core.types import PermanentError
+    from hybrid_core.workers.rank_group import RankFailure
+
+    failure = RankFailure("critic", 2, "failed: ValueError('bad')", PermanentError("bad"))
+    assert str(failure) == "critic rank 2 failed: ValueError('bad')" and failure.is_permanent
+    assert not RankFailure("actor", 1, "died (RayActorError)").is_permanent

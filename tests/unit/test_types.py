@@ -1,5 +1,5 @@
-"""Unit tests for hybrid_core.types (run names) and hybrid_core.workers.stage_clock (the worker-side stamp of a
-stage call's start and its GC pauses)."""
+"""Unit tests for hybrid_core.types (run names, checkpoint steps) and hybrid_core.workers.stage_clock (the worker-side
+stamp of a stage call's start, its dispatch and its GC pauses)."""
 import time
 
 import pytest
@@ -15,19 +15,22 @@ class _Worker:
     def score(self, step: int) -> StageResult:
         """Score step `step`."""
         time.sleep(0.05)
-        return StageResult("reward", step, 0.05, rows=3, metrics={"x": 1.0})
+        return StageResult(stage="reward", step=step, seconds=0.05, rows=3,
+                           metrics={"x": 1.0} | self.clock.figures("reward"))
 
 
-def test_stamped_records_when_the_worker_began_and_keeps_the_result():
+def test_stamped_records_when_the_worker_began_the_dispatch_and_keeps_the_result():
     before = time.time()
-    result = _Worker().score(7)
+    result = _Worker().score(7, called_at=before - 2.0)  # the call was made 2 s before the worker began it
     after = time.time()
     assert before <= result.entered_at <= after - 0.05  # stamped on entry, not on return
     assert (result.stage, result.step, result.rows, result.metrics["x"]) == ("reward", 7, 3, 1.0)
+    assert 2.0 <= result.metrics["timing_s/dispatch_reward"] <= 2.0 + (after - before)
+    assert _Worker().score(8).metrics["timing_s/dispatch_reward"] == 0.0  # no call time given: none measured
     assert _Worker.score.__doc__ == "Score step `step`."
 
 
-def test_stamped_reports_the_collector_pauses_since_the_last_stage():
+def test_the_clock_reports_the_collector_pauses_since_the_last_stage():
     gc.disable()  # only the explicit collection below may pause the process
     try:
         _Worker().score(1)  # the counter runs from here
@@ -43,8 +46,19 @@ def test_stamped_reports_the_collector_pauses_since_the_last_stage():
     assert _Worker().score(3).metrics["timing_s/gc_reward"] < 0.5 * collected_s  # reported once, then counted afresh
 
 
+def _run(**changes) -> RunRef:
+    fields = dict(run_id="r1", store_root="/tmp/store/", stage_timeout_s=60.0, roles=("actor", "rollout"),
+                  stage_retries=2, retry_delay_s=5.0, save_steps=2)
+    return RunRef(**fields | changes)
+
+
+def test_checkpoints_are_due_every_save_steps():
+    assert [k for k in range(1, 8) if _run().is_checkpoint_due(k)] == [2, 4, 6]
+    assert not any(_run(save_steps=-1).is_checkpoint_due(k) for k in range(1, 8))
+
+
 def test_actor_names_and_unknown_roles():
-    run = RunRef("r1", "/tmp/store/")
+    run = _run()
     assert run.actor_name("actor", 2) == "r1/actor/2" and run.run_dir == "/tmp/store/r1"
     with pytest.raises(ValueError, match="role must be one of"):
         run.actor_name("judge")

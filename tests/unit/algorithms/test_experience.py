@@ -20,7 +20,7 @@ SQRT39 = 6.2449979984
 
 
 def test_reinforce_baseline_subtracts_the_group_mean_then_whitens_token_weighted():
-    s = AdvantageSettings("reinforce_baseline", n_samples_per_prompt=2)
+    s = AdvantageSettings(estimator="reinforce_baseline", n_samples_per_prompt=2, kl_coef=0.0)
     out = compute_advantages(REWARDS, ZEROS, None, MASK, s)
     # group means .5 and .5 → shaped [.5, −.5, 0, 0]; γ = 1 so every token's return is its sequence's reward
     _close(out.returns, [[0.5, 0.5, 0], [-0.5, -0.5, -0.5], [0, 0, 0], [0, 0, 0]])
@@ -33,14 +33,14 @@ def test_reinforce_baseline_subtracts_the_group_mean_then_whitens_token_weighted
 
 
 def test_reinforce_baseline_without_std_norm_only_centres():
-    s = AdvantageSettings("reinforce_baseline", n_samples_per_prompt=2, no_std_norm=True)
+    s = AdvantageSettings(estimator="reinforce_baseline", n_samples_per_prompt=2, kl_coef=0.0, no_std_norm=True)
     out = compute_advantages(REWARDS, ZEROS, None, MASK, s)
     # returns − (−.0625) on the response tokens
     _close(out.advantages, [[0.5625, 0.5625, 0], [-0.4375] * 3, [0.0625, 0, 0], [0.0625, 0.0625, 0]])
 
 
 def test_group_norm_is_not_whitened():
-    s = AdvantageSettings("group_norm", n_samples_per_prompt=2)
+    s = AdvantageSettings(estimator="group_norm", n_samples_per_prompt=2, kl_coef=0.0)
     out = compute_advantages(REWARDS, ZEROS, None, MASK, s)
     # group [1, 0]: mean .5, unbiased std √.5 → ±.5/(√.5 + 1e-9) = ±0.7071067802; group [.5, .5]: 0/(0 + 1e-9) = 0
     r = 0.7071067802
@@ -56,7 +56,7 @@ KL_K1 = [[0.5, -0.5, 0.0], [0.0, 1.0, -0.5]]  # old − ref, masked (row 0's −
 
 
 def test_kl_in_reward_is_subtracted_per_token():
-    s = AdvantageSettings("rloo", n_samples_per_prompt=2, kl_coef=0.1, kl_estimator="k1")
+    s = AdvantageSettings(estimator="rloo", n_samples_per_prompt=2, kl_coef=0.1, kl_estimator="k1")
     out = compute_advantages(torch.tensor([1.0, 0.0]), OLD, REF, MASK2, s)
     _close(out.kl, KL_K1)
     # token rewards = placed − .1·kl: row 0 [−.05, 1 + .05, 0]; row 1 [0, −.1, −1 + .05]
@@ -66,14 +66,14 @@ def test_kl_in_reward_is_subtracted_per_token():
 
 
 def test_kl_as_loss_leaves_the_rewards_alone():
-    s = AdvantageSettings("rloo", n_samples_per_prompt=2, kl_coef=0.1, kl_estimator="k1", kl_use_loss=True)
+    s = AdvantageSettings(estimator="rloo", n_samples_per_prompt=2, kl_coef=0.1, kl_estimator="k1", kl_use_loss=True)
     out = compute_advantages(torch.tensor([1.0, 0.0]), OLD, REF, MASK2, s)
     _close(out.kl, KL_K1)  # still reported
     _close(out.returns, [[1.0, 1.0, 0.0], [-1.0, -1.0, -1.0]])
 
 
 def test_k3_kl_in_reward():
-    s = AdvantageSettings("rloo", n_samples_per_prompt=2, kl_coef=1.0, kl_estimator="k3")
+    s = AdvantageSettings(estimator="rloo", n_samples_per_prompt=2, kl_coef=1.0, kl_estimator="k3")
     out = compute_advantages(torch.tensor([0.0, 0.0]), OLD, REF, MASK2, s)
     # k3(x) = e^−x − 1 + x: k3(.5) = 0.1065306597, k3(−.5) = 0.1487212707, k3(0) = 0, k3(1) = 0.3678794412,
     # k3(−.5) = 0.1487212707; shaped rewards are 0, so returns = −Σ_{k≥t} k3
@@ -84,7 +84,7 @@ def test_k3_kl_in_reward():
 @pytest.mark.parametrize("clip, expected", [((-10.0, 10.0), [10.0, -10.0]), ((-1.0, 2.0), [2.0, -1.0])])
 def test_reward_clip_applies_to_the_shaped_rewards(clip, expected):
     # rloo [30, 0] → [30, −30] → clipped
-    s = AdvantageSettings("rloo", n_samples_per_prompt=2, reward_clip=clip)
+    s = AdvantageSettings(estimator="rloo", n_samples_per_prompt=2, kl_coef=0.0, reward_clip=clip)
     out = compute_advantages(torch.tensor([30.0, 0.0]), torch.zeros(2, 1), None, torch.ones(2, 1), s)
     _close(out.advantages, [[expected[0]], [expected[1]]])
 
@@ -92,10 +92,10 @@ def test_reward_clip_applies_to_the_shaped_rewards(clip, expected):
 def test_gamma_is_forced_to_one_for_group_estimators_only():
     mask = torch.ones(2, 3)
     group = compute_advantages(torch.tensor([1.0, 0.0]), torch.zeros(2, 3), None, mask,
-                               AdvantageSettings("rloo", n_samples_per_prompt=2, gamma=0.5))
+                               AdvantageSettings(estimator="rloo", n_samples_per_prompt=2, kl_coef=0.0, gamma=0.5))
     _close(group.returns, [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]])
     plain = compute_advantages(torch.tensor([1.0]), torch.zeros(1, 3), None, torch.ones(1, 3),
-                               AdvantageSettings("reinforce", n_samples_per_prompt=1, gamma=0.5))
+                               AdvantageSettings(estimator="reinforce", n_samples_per_prompt=1, kl_coef=0.0, gamma=0.5))
     # G = [.25, .5, 1]: mean 1.75/3 = .5833333333; whitened values then sum to 0
     _close(plain.returns, [[0.25, 0.5, 1.0]])
     _close(plain.advantages.sum(), 0.0)
@@ -141,7 +141,7 @@ def test_micro_batches_add_up_with_random_ratios_and_clipping():
     mask = (torch.rand(6, 5, generator=g) > 0.3).float()
     mask[:, 0] = 1.0
     for s in (ActorLossSettings(kl_coef=0.1, kl_estimator="k3", kl_use_loss=True, dual_clip=3.0),
-              ActorLossSettings(loss_type="gspo", clip_low=3e-4, clip_high=4e-4)):
+              ActorLossSettings(kl_coef=0.0, loss_type="gspo", clip_low=3e-4, clip_high=4e-4)):
         n = float(mask.sum())
         full, _ = actor_objective(PolicyMicroBatch(logprobs, old, adv, mask, ref), s, n, 1.0)
         parts = [actor_objective(PolicyMicroBatch(logprobs[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], ref[i:i + 2]), s,
@@ -150,7 +150,7 @@ def test_micro_batches_add_up_with_random_ratios_and_clipping():
 
 
 def test_gspo_weights_the_micro_batch_by_its_sequence_share():
-    s = ActorLossSettings(loss_type="gspo")
+    s = ActorLossSettings(kl_coef=0.0, loss_type="gspo")
     full, _ = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, None), s, 5.0, 1.0)
     # ratio 1: per-sequence token means −(1 + 2)/2 = −1.5 and −(−1 + .5 − .5)/3 = 1/3; mean (−1.5 + 1/3)/2
     _close(full, -0.5833333333)

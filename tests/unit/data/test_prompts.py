@@ -1,6 +1,8 @@
 """Unit tests for hybrid_core.data.prompts: loading local prompt files, templating and the step sampler."""
 
+import hashlib
 import json
+import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -108,9 +110,14 @@ def test_episodes_and_seeds_reshuffle():
     sampler = PromptSampler(_rows(20), 20, 2, seed=0)  # one step an episode: the whole permutation
     first, second = ([p.index for p in sampler.for_step(s)] for s in (1, 2))
     assert sorted(first) == sorted(second) == list(range(20))
-    assert first != second  # episode 2 is shuffled with seed + 1 (a 1 / 20! chance of equality)
+    assert first != second  # episode 2 has its own shuffle (a 1 / 20! chance of equality)
+    # episode e of seed s is shuffled by Random(derive_seed(s, "episode", e)): computed here independently
+    expected = list(range(20))
+    digest = hashlib.sha256(b"0/episode/1").digest()
+    random.Random(int.from_bytes(digest[:4], "little") & 0x7FFFFFFF).shuffle(expected)
+    assert second == expected
     other = [p.index for p in PromptSampler(_rows(20), 20, 2, seed=1).for_step(1)]
-    assert other == second  # episode e of seed s uses Random(s + e): seed 1 episode 0 = seed 0 episode 1
+    assert other != second  # seeds no longer alias episodes (seed + e did: seed 1 episode 0 = seed 0 episode 1)
 
 
 @pytest.mark.parametrize("step", [0, 7, -1])

@@ -83,10 +83,14 @@ def test_local_and_s3_are_told_apart(tmp_path, s3_options):
 
 
 def test_write_commits_parts_and_success_and_reads_back(store):
+    import hashlib
+
     assert not store.is_committed(1, "rollout")
-    uri = store.write(1, "rollout", TABLE)
-    assert uri == f"{store.run_dir}/steps/1/rollout"
+    files = store.write(1, "rollout", TABLE)
+    assert store.stage_uri(1, "rollout") == f"{store.run_dir}/steps/1/rollout"
     assert store.is_committed(1, "rollout")
+    part = store.fs.cat_file(f"{store.stage_path(1, 'rollout')}/part-00000.parquet")
+    assert files == {"part-00000.parquet": hashlib.sha256(part).hexdigest()}  # the bytes as written
     assert _names(store, store.stage_path(1, "rollout")) == [SUCCESS, "part-00000.parquet"]
     assert json.loads(store.fs.cat_file(f"{store.stage_path(1, 'rollout')}/{SUCCESS}"))["rows"] == 3
     assert store.read(1, "rollout").equals(TABLE)
@@ -148,23 +152,24 @@ def test_write_replaces_an_uncommitted_leftover_at_the_final_path(store):
     assert _names(store, store.stage_path(5, "rollout")) == [SUCCESS, "part-00000.parquet"]
 
 
-def test_record_commit_builds_the_manifest_and_logs_events(store):
+def test_record_builds_the_manifest_and_logs_events(store):
     assert store.read_json("manifest.json") is None
-    assert store.read_json("manifest.json", {"steps": {}}) == {"steps": {}}
-    store.record_commit(1, "rollout", rows=4, policy_version=0, content_hash="h1")
-    store.record_commit(1, "reward", rows=4, policy_version=0)
-    store.record_commit(2, "rollout", rows=6, policy_version=1)
+    assert store.manifest() == {"steps": {}}
+    store.record(1, "rollout", {"rows": 4, "policy_version": 0, "hash": "h1"})
+    store.record(1, "reward", {"rows": 4, "policy_version": 0})
+    store.record(2, "train", {"seconds": 1.5})
     assert store.read_json("manifest.json") == {"steps": {
-        "1": {"rollout": {"rows": 4, "policy_version": 0, "hash": "h1"},
-              "reward": {"rows": 4, "policy_version": 0, "hash": ""}},
-        "2": {"rollout": {"rows": 6, "policy_version": 1, "hash": ""}},
+        "1": {"rollout": {"rows": 4, "policy_version": 0, "hash": "h1"}, "reward": {"rows": 4, "policy_version": 0}},
+        "2": {"train": {"seconds": 1.5}},
     }}
+    store.update_manifest(1, {"reward": None})  # None removes an entry
+    assert set(store.manifest()["steps"]["1"]) == {"rollout"}
     store.log_event(2, "train", "start", attempt=1)
     lines = store.fs.cat_file(f"{store.root}/events.jsonl").decode().splitlines()
     events = [json.loads(line) for line in lines]
     assert [(e["step"], e["stage"], e["event"]) for e in events] == [
-        (1, "rollout", "commit"), (1, "reward", "commit"), (2, "rollout", "commit"), (2, "train", "start")]
-    assert [e.get("rows") for e in events] == [4, 4, 6, None]
+        (1, "rollout", "commit"), (1, "reward", "commit"), (2, "train", "commit"), (2, "train", "start")]
+    assert [e.get("rows") for e in events] == [4, 4, None, None]
     assert events[3]["attempt"] == 1
     times = [e["time"] for e in events]
     assert all(isinstance(t, float) for t in times) and times == sorted(times)
@@ -193,17 +198,75 @@ def test_local_write_json_keeps_the_old_document_if_the_rename_fails(tmp_path, m
     assert store.read_json("manifest.json") == {"steps": {"1": {}}}  # readers still see a complete document
 
 
-def test_commit_records_a_content_hash_and_committed_entry_checks_the_version(store):
+def test_commit_records_hashes_and_replayable_checks_the_version(store):
     import hashlib
 
     table = pa.table({"a": [1, 2, 3]})
-    store.commit(2, "rollout", table, policy_version=1)
+    store.commit(2, "rollout", table, policy_version=1, record={"seconds": 0.5})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     expected = hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()  # independent of table_hash
-    assert store.committed_entry(2, "rollout") == {"rows": 3, "policy_version": 1, "hash": expected}
-    store.commit(3, "rollout", table, policy_version=1)  # step 3 must be produced by version 2
-    assert store.committed_entry(3, "rollout") is None
+    part = store.fs.cat_file(f"{store.stage_path(2, 'rollout')}/part-00000.parquet")
+    assert store.replayable(2, "rollout", policy_version=1) == {
+        "rows": 3, "policy_version": 1, "hash": expected, "seconds": 0.5,
+        "files": {"part-00000.parquet": hashlib.sha256(part).hexdigest()}}
+    assert store.replayable(2, "rollout", policy_version=2) is None  # produced by another policy: generate again
+    assert store.replayable(3, "rollout", policy_version=2) is None  # nothing committed
     timed = pa.table({"a": [1], "timing_s/x": [0.5]})
     assert table_hash(timed, drop=["timing_s/x"]) == table_hash(pa.table({"a": [1]}))
+
+
+def test_a_crash_between_write_and_record_is_not_replayed(store):
+    def crash():
+        raise RuntimeError("killed after the write")
+
+    with pytest.raises(RuntimeError):
+        store.commit(1, "reward", TABLE, policy_version=0, on_written=crash)
+    assert store.is_committed(1, "reward")  # the files and the marker are there…
+    assert store.replayable(1, "reward", policy_version=0) is None  # …but the manifest never recorded them
+
+
+def test_an_altered_file_is_refused_naming_step_stage_and_file(store):
+    from hybrid_core.data.rollout_store import CommittedDataError
+    from hybrid_core.types import PermanentError
+
+    store.commit(3, "advantage", TABLE, policy_version=2)
+    path = f"{store.stage_path(3, 'advantage')}/part-00000.parquet"
+    original = store.fs.cat_file(path)
+    middle = len(original) // 2
+    store.fs.pipe_file(path, original[:middle] + bytes([original[middle] ^ 0xFF]) + original[middle + 1:])
+    with pytest.raises(CommittedDataError, match=r"step 3 stage advantage: .*/steps/3/advantage/part-00000\.parquet "
+                                                 r"does not match the sha256 recorded at its commit") as err:
+        store.replayable(3, "advantage", policy_version=2)
+    assert isinstance(err.value, PermanentError)  # a retry cannot fix it
+    store.fs.rm(path)
+    with pytest.raises(CommittedDataError, match=r"part-00000\.parquet is missing"):
+        store.replayable(3, "advantage", policy_version=2)
+    store.fs.pipe_file(path, original)
+    store.fs.pipe_file(f"{store.stage_path(3, 'advantage')}/part-00001.parquet", original)
+    with pytest.raises(CommittedDataError, match=r"part-00001\.parquet is not in the manifest"):
+        store.replayable(3, "advantage", policy_version=2)
+
+
+def test_regenerating_a_stage_invalidates_the_later_ones_of_its_step(store):
+    for stage in ("rollout", "reward", "advantage", "metrics"):
+        store.commit(4, stage, TABLE, policy_version=3)
+    store.record(4, "train", {"seconds": 1.0})
+    store.record(4, "sync", {"policy_version": 4})
+    store.commit(5, "reward", TABLE, policy_version=4)  # another step: untouched
+    assert store.invalidate_after(4, "reward") == ["advantage", "train", "sync", "metrics"]
+    assert set(store.manifest()["steps"]["4"]) == {"rollout", "reward"}
+    assert not store.is_committed(4, "advantage") and not store.is_committed(4, "metrics")
+    assert store.committed_markers() == {(4, "rollout"), (4, "reward"), (5, "reward")}
+    assert store.invalidate_after(4, "reward") == []  # nothing left to drop
+
+
+@pytest.mark.parametrize("text", [b'{"steps": {"1": {"rollo', b"", b"[1, 2]", b'{"config": {}}', b"\xff\xfe"])
+def test_a_damaged_manifest_is_a_clear_error(store, text):
+    from hybrid_core.data.rollout_store import ManifestError
+
+    _put(store, f"{store.root}/manifest.json", text)
+    with pytest.raises(ManifestError, match=r"manifest .*/run1/manifest\.json is damaged: .* restore it from a copy, "
+                                             r"or start a new --run_id"):
+        store.manifest()

@@ -74,10 +74,10 @@ def _assert_same_gradients(got: dict, expected: dict, label: str) -> None:
 
 
 def _check_same_update(make_model, fit):
-    fixed, fixed_engine, fixed_stats = _update(make_model, fit, MicroBatching(2))
+    fixed, fixed_engine, fixed_stats = _update(make_model, fit, MicroBatching(num_samples=2))
     assert fixed_engine.boundaries == [False, False, False, True]
     for is_packed in (False, True):
-        gradients, engine, stats = _update(make_model, fit, MicroBatching(2, max_tokens=BUDGET, is_packed=is_packed))
+        gradients, engine, stats = _update(make_model, fit, MicroBatching(num_samples=2, max_tokens=BUDGET, is_packed=is_packed))
         assert engine.boundaries == [False] * (len(engine.boundaries) - 1) + [True]  # one optimizer step
         assert [n for *_, n in engine.micro_batches] != [2, 2, 2, 2]  # the budget, not micro_batch_size, cut it
         for rows, length, _ in engine.micro_batches:
@@ -127,9 +127,10 @@ def test_dynamic_batching_gives_the_fixed_micro_batch_update_critic():
 def test_a_sample_longer_than_the_budget_trains_alone():
     prompts, responses, advantages = _samples()
     samples = TrainSamples(prompts, responses, advantages, None, advantages)
-    fixed, _, _ = _update(_policy, lambda e, plan: fit_actor(e, samples, ActorLossSettings(), plan), MicroBatching(8))
-    gradients, engine, _ = _update(_policy, lambda e, plan: fit_actor(e, samples, ActorLossSettings(), plan),
-                               MicroBatching(1, max_tokens=9, is_packed=True))
+    fit = lambda e, plan: fit_actor(e, samples, ActorLossSettings(kl_coef=0.0), plan)  # noqa: E731
+    fixed, _, _ = _update(_policy, fit, MicroBatching(num_samples=8))
+    gradients, engine, _ = _update(_policy, fit,
+                               MicroBatching(num_samples=1, max_tokens=9, is_packed=True))
     # lengths 9 8 10 3 10 10 10 11: the 10- and 11-token samples exceed 9 and each form a micro-batch of one
     assert sum(n for *_, n in engine.micro_batches) == 8 and sum(n for _, n, _ in engine.micro_batches) == 71
     for _, length, num_samples in engine.micro_batches:
@@ -144,11 +145,11 @@ def test_ranks_cut_their_shares_and_pad_to_the_same_number_of_micro_batches():
 
     lengths = [p + r for p, r in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS)]  # 9 8 10 3 10 10 10 11
     step = list(range(8))
-    fixed = MicroBatching(3, None, False)
+    fixed = MicroBatching(num_samples=3, max_tokens=None, is_packed=False)
     # rank 0 takes samples 0 2 4 6, rank 1 takes 1 3 5 7; three at a time
     assert rank_micro_batches(step, lengths, fixed, 0, 2) == [[0, 2, 4], [6]]
     assert rank_micro_batches(step, lengths, fixed, 1, 2) == [[1, 3, 5], [7]]
-    packed = MicroBatching(3, 20, True)
+    packed = MicroBatching(num_samples=3, max_tokens=20, is_packed=True)
     # packed within 20 tokens: rank 0 9+10 | 10+10; rank 1 8+3 | 10 | 11 → rank 0 gets one empty micro-batch
     assert rank_micro_batches(step, lengths, packed, 0, 2) == [[0, 2], [4, 6], []]
     assert rank_micro_batches(step, lengths, packed, 1, 2) == [[1, 3], [5], [7]]

@@ -82,7 +82,7 @@ def test_chat_template_special_tokens_are_single_tokens(tokenizer):
     # <|im_start|> = 1, <|im_end|> = 2; 23 tokens in all, under the budget of 84
     assert ids == [[1] + _ids("user\nhi") + [2] + _ids("\n") + [1] + _ids("assistant\n")]
     # max_len 20 − 16 = 4: the generation header's last four characters survive
-    _, cut = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], PromptFormat(True, None, 20), max_new_tokens=16)
+    _, cut = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], PromptFormat(apply_chat_template=True, input_template=None, max_len=20), max_new_tokens=16)
     assert cut == [_ids("ant\n")]
 
 

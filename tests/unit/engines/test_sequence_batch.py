@@ -151,16 +151,16 @@ def test_micro_batch_tokens_count_padding_only_when_padded():
 
 
 def test_fixed_micro_batches_cut_by_count():
-    assert split_micro_batches([4, 0, 3, 1, 2], [9] * 5, MicroBatching(2)) == [[4, 0], [3, 1], [2]]
+    assert split_micro_batches([4, 0, 3, 1, 2], [9] * 5, MicroBatching(num_samples=2)) == [[4, 0], [3, 1], [2]]
 
 
 def test_dynamic_micro_batches_by_hand():
     lengths = [6, 3, 4, 12, 2, 5]  # sample i has lengths[i] prompt+response tokens
     order = [2, 0, 1, 3, 5, 4]     # a step's seeded order: kept
-    packed = split_micro_batches(order, lengths, MicroBatching(1, max_tokens=10, is_packed=True))
+    packed = split_micro_batches(order, lengths, MicroBatching(num_samples=1, max_tokens=10, is_packed=True))
     # 4+6 = 10 ≤ 10 | +3 → 13: new | 3, then 12 → 15: new | 12 alone is over the budget: its own | 5+2 = 7
     assert packed == [[2, 0], [1], [3], [5, 4]]
-    padded = split_micro_batches(order, lengths, MicroBatching(1, max_tokens=10, is_packed=False))
+    padded = split_micro_batches(order, lengths, MicroBatching(num_samples=1, max_tokens=10, is_packed=False))
     # padded cost = rows × longest: 4, 6 → 2·6 = 12 > 10: 4 alone | 6, 3 → 12: 6 alone | 3 | 12 | 5, 2 → 10
     assert padded == [[2], [0], [1], [3], [5, 4]]
     for micro_batches, is_packed in ((packed, True), (padded, False)):
@@ -223,17 +223,20 @@ def test_packed_values_equal_the_padded_ones():
         padded = response_values(model, make_sequence_batch(prompts, responses, pad_id=0))
         packed = response_values(model, make_sequence_batch(prompts, responses, pad_id=0, is_packed=True))
     assert bool((padded != 0).any())
-    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
+    # values reach ~3: fp32 attention with and without the block mask sums in another order (1.05e-5 absolute,
+    # 3.7e-6 relative seen on one x86 machine), so the bound is relative
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-6)
 
 
 def test_batched_forward_keeps_the_sample_order_under_every_batching(tiny_model):
     from hybrid_core.engines.frozen_model import batched_logprobs
 
     prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS, seed=5)
-    expected = batched_logprobs(tiny_model, prompts, responses, 0, MicroBatching(5))
+    expected = batched_logprobs(tiny_model, prompts, responses, 0, MicroBatching(num_samples=5))
     assert [len(r) for r in expected] == RESPONSE_LENGTHS
-    for batching in (MicroBatching(2), MicroBatching(1, max_tokens=12), MicroBatching(1, max_tokens=12, is_packed=True),
-                     MicroBatching(3, is_packed=True)):
+    for batching in (MicroBatching(num_samples=2), MicroBatching(num_samples=1, max_tokens=12),
+                     MicroBatching(num_samples=1, max_tokens=12, is_packed=True),
+                     MicroBatching(num_samples=3, is_packed=True)):
         got = batched_logprobs(tiny_model, prompts, responses, 0, batching)
         torch.testing.assert_close(pad(got, 7), pad(expected, 7), rtol=0, atol=1e-5, msg=str(batching))
 

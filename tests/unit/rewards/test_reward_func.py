@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_core.rewards.reward_func import RewardBatch, load_reward_func, score_samples
+from hybrid_core.rewards.reward_func import RewardBatch, RewardFunctionError, load_reward_func, score_samples
 
 LETTERS_REWARD = Path(__file__).resolve().parents[3] / "data" / "letters_reward.py"
 SOURCE = "my_reward.py"
@@ -162,5 +162,25 @@ def test_errors_name_the_failing_sample():
             raise KeyError("no grader for z")
         return {"rewards": [0.0] * len(queries)}
 
-    with pytest.raises(RuntimeError, match=r"KeyError: 'no grader for z' on sample #2 .* = \(9, 0\)"):
+    with pytest.raises(RewardFunctionError, match=r"KeyError: 'no grader for z' on sample #2 .* = \(9, 0\)"):
         score_samples(raises_on_label_z, "z.py", ["a", "b", "c"], ["", "", ""], ["x", "y", "z"], keys=keys)
+
+
+def test_bad_output_and_repeated_raises_are_permanent_and_a_one_off_raise_is_not():
+    from hybrid_core.types import PermanentError
+
+    for out in ({"rewards": "xxxx"}, {"rewards": [1.0, "high"]}, {"rewards": [1.0]}, {"rewards": [float("nan"), 0]}):
+        with pytest.raises(RewardFunctionError, match=r"reward_func in f\.py returned") as err:
+            score_samples(_const(out), "f.py", ["a", "b"], ["", ""], ["", ""])
+        assert isinstance(err.value, PermanentError), out  # calling again returns the same: not retried
+    calls = []
+
+    def fails_once(queries, prompts, labels, **kwargs):  # e.g. a grader's service that timed out once
+        calls.append(len(queries))
+        if len(calls) == 1:
+            raise TimeoutError("grader busy")
+        return {"rewards": [0.0] * len(queries)}
+
+    with pytest.raises(RuntimeError, match="TimeoutError: grader busy on a batch of 2 samples") as err:
+        score_samples(fails_once, "f.py", ["a", "b"], ["", ""], ["", ""])
+    assert not isinstance(err.value, PermanentError) and calls == [2, 1, 1]  # each sample alone passed

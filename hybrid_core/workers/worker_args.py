@@ -1,0 +1,152 @@
+"""Each role's settings from the run's configuration: RunConfig → the arguments its Ray actor is created with.
+
+Every field is set by keyword from the configuration it comes from, so no setting has a default that could differ
+from the config's. Owns which roles a configuration needs and their data-parallel ranks. Pure functions: it starts
+nothing and knows nothing about Prefect.
+"""
+from __future__ import annotations
+
+from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
+from hybrid_core.config import RunConfig, changed_fields
+from hybrid_core.data.metric_sinks import SinkSettings
+from hybrid_core.engines.actor_trainer import ISCorrection
+from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
+from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
+from hybrid_core.plan import make_placement, sync_transport
+from hybrid_core.rewards.sources import RewardSourceSpec
+from hybrid_core.types import RunRef
+from hybrid_core.workers.actor import ActorWorkerArgs
+from hybrid_core.workers.critic import CriticWorkerArgs
+from hybrid_core.workers.rollout import PromptSource, RolloutWorkerArgs
+
+
+def max_new_tokens(cfg: RunConfig) -> int:
+    return cfg.rollout.max_new_tokens or cfg.data.max_len // 2
+
+
+def num_engines(cfg: RunConfig) -> int:
+    return cfg.vllm.num_engines or 1
+
+
+def role_ranks(cfg: RunConfig) -> dict[str, int]:
+    """Data-parallel ranks of the actor, reference and critic: one per bundle of the placement group each sits in
+    (a colocated group is as wide as its first role, the actor)."""
+    layout = make_placement(cfg)
+    return {role: layout.group_of(role).num_bundles for role in ("actor", "ref", "critic") if role in cfg.roles}
+
+
+def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
+    samples_per_step = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    return num_steps * cfg.train.max_epochs * max(1, -(-samples_per_step // cfg.train.batch_size))
+
+
+def ckpt_root(cfg: RunConfig, run: RunRef) -> str:
+    """`ckpt.path` when set, else `<run dir>/ckpt`."""
+    return cfg.ckpt.path if "ckpt.path" in changed_fields(cfg) else f"{run.run_dir}/ckpt"
+
+
+def model_output_uri(cfg: RunConfig, run: RunRef) -> str:
+    """`ckpt.output_dir` when set, else `<run dir>/model`."""
+    return cfg.ckpt.output_dir if "ckpt.output_dir" in changed_fields(cfg) else f"{run.run_dir}/model"
+
+
+def train_batching(cfg: RunConfig) -> MicroBatching:
+    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens."""
+    t = cfg.train
+    return MicroBatching(num_samples=t.micro_batch_size,
+                         max_tokens=t.max_tokens_per_gpu if t.dynamic_batch_enable else None,
+                         is_packed=cfg.ds.packing_samples)
+
+
+def forward_batching(cfg: RunConfig) -> MicroBatching:
+    """Micro-batches of the no-grad logprob/value forwards: `rollout.micro_batch_size` samples, or with dynamic
+    batching `rollout.max_tokens_per_gpu` tokens (the train budget when unset)."""
+    budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
+    return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
+                         max_tokens=budget if cfg.train.dynamic_batch_enable else None,
+                         is_packed=cfg.ds.packing_samples)
+
+
+def engine_settings(cfg: RunConfig) -> EngineSettings:
+    v = cfg.vllm
+    return EngineSettings(model_path=cfg.actor.model_name_or_path, param_dtype=cfg.ds.param_dtype,
+                          gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
+                          enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
+                          sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
+                          max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs)
+
+
+def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
+    r, d, rw = cfg.rollout, cfg.data, cfg.reward
+    prompts = PromptSource(dataset=d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,
+                           max_samples=d.max_samples, batch_size=r.batch_size, num_episodes=cfg.train.num_episodes,
+                           max_steps=cfg.train.max_steps)
+    low, high = cfg.algo.dynamic_filtering_range
+    return RolloutWorkerArgs(
+        engine=engine_settings(cfg), prompts=prompts,
+        prompt_format=PromptFormat(apply_chat_template=d.apply_chat_template, input_template=d.input_template,
+                                   max_len=d.max_len),
+        sampling=SamplingSettings(n=r.n_samples_per_prompt, max_new_tokens=max_new_tokens(cfg),
+                                  temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt),
+        reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries),
+        seed=cfg.train.seed, group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
+        num_engines=num_engines(cfg), faults=faults)
+
+
+def sink_settings(cfg: RunConfig, run: RunRef) -> SinkSettings:
+    """TensorBoard with --logger.tensorboard_dir; W&B with --logger.wandb.key (the key `offline` keeps it local)."""
+    w = cfg.logger.wandb
+    return SinkSettings(run_id=run.run_id, tensorboard_dir=cfg.logger.tensorboard_dir,
+                        wandb_project=w.project if w.key else None,
+                        wandb_key=None if w.key in (None, "offline") else w.key, wandb_org=w.org, wandb_group=w.group,
+                        wandb_run_name=w.run_name, wandb_dir=run.run_dir if "://" not in run.run_dir else None)
+
+
+def advantage_settings(cfg: RunConfig) -> AdvantageSettings:
+    adv, kl = cfg.algo.advantage, cfg.algo.kl
+    return AdvantageSettings(estimator=adv.estimator, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+                             gamma=adv.gamma, lambd=adv.lambd, no_std_norm=adv.no_std_norm, kl_coef=kl.init_coef,
+                             kl_estimator=kl.estimator, kl_use_loss=kl.use_loss,
+                             reward_clip=tuple(cfg.reward.clip_range))
+
+
+def loss_settings(cfg: RunConfig) -> ActorLossSettings:
+    a, kl = cfg.actor, cfg.algo.kl
+    low, high = a.eps_clip_low_high or (a.eps_clip, a.eps_clip)
+    return ActorLossSettings(clip_low=low, clip_high=high, dual_clip=a.dual_clip, loss_type=a.policy_loss_type,
+                             kl_coef=kl.init_coef, kl_estimator=kl.estimator, kl_use_loss=kl.use_loss,
+                             entropy_coef=a.entropy_coef)
+
+
+def is_correction(cfg: RunConfig) -> ISCorrection | None:
+    adv = cfg.algo.advantage
+    if not adv.is_correction_enable:
+        return None
+    low, high = adv.is_correction_threshold
+    return ISCorrection(kind=adv.is_correction_type, low=low, high=high)
+
+
+def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str, faults: tuple = ()) -> ActorWorkerArgs:
+    rw = cfg.reward
+    penalties = PenaltySettings(max_new_tokens=max_new_tokens(cfg), overlong_buffer_len=rw.overlong_buffer_len,
+                                overlong_penalty_factor=rw.overlong_penalty_factor,
+                                stop_properly_penalty_coef=rw.stop_properly_penalty_coef)
+    return ActorWorkerArgs(
+        model_path=cfg.actor.model_name_or_path, actor=cfg.actor, ds=cfg.ds, train=cfg.train, kl=cfg.algo.kl,
+        advantage=advantage_settings(cfg), penalties=penalties, loss=loss_settings(cfg), correction=is_correction(cfg),
+        experience_batching=forward_batching(cfg), train_batching=train_batching(cfg),
+        total_optimizer_steps=total_optimizer_steps(cfg, num_steps), sync_bucket_bytes=cfg.vllm.sync_bucket_mb * 2**20,
+        roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, extensions_dir=extensions_dir,
+        sinks=sink_settings(cfg, run), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
+        max_num=cfg.ckpt.max_num, sync_transport=sync_transport(cfg), num_engines=num_engines(cfg),
+        role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
+
+
+def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:
+    path = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path or cfg.actor.model_name_or_path
+    return CriticWorkerArgs(model_path=path, critic=cfg.critic, ds=cfg.ds, train=cfg.train,
+                            forward_batching=forward_batching(cfg), train_batching=train_batching(cfg),
+                            total_optimizer_steps=total_optimizer_steps(cfg, num_steps),
+                            extensions_dir=extensions_dir, ckpt_root=ckpt_root(cfg, run),
+                            num_ranks=role_ranks(cfg).get("critic", 1))

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>.<flag> VALUE ...]
-       hybrid train --resume RUN_DIR [--train.max_steps N]
+       hybrid train --resume RUN_DIR [--train.max_steps N] [--train.stage_timeout_s S] [--train.stage_retries N]
+                                     [--train.retry_delay_s S]
        hybrid plan [--config FILE.yaml] [flags]
        hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]
        hybrid deploy
@@ -60,13 +61,15 @@ def _take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
 
 
 def _resume_config(run_dir: str, argv: list[str]):
-    """The run's saved configuration (+ --train.max_steps), refused when it no longer matches the manifest."""
+    """The run's saved configuration (with the flags a resume may change), refused when it no longer matches the
+    manifest."""
     from hybrid_core.data.rollout_store import ManifestError, RolloutStore
-    from hybrid_core.flags import config_differences
+    from hybrid_core.flags import RESUME_CHANGEABLE, config_differences
 
-    extra = [t for t in argv if t.startswith("--") and not t.startswith("--train.max_steps")]
+    changeable = tuple(f"--{path}" for path in RESUME_CHANGEABLE if path != "store.root")
+    extra = [t for t in argv if t.startswith("--") and t.split("=", 1)[0] not in changeable]
     if extra:
-        return None, f"hybrid train --resume takes no flags but --train.max_steps: got {' '.join(extra)}"
+        return None, f"hybrid train --resume takes only {', '.join(changeable)}: got {' '.join(extra)}"
     store = RolloutStore(run_dir.rstrip("/"))
     if not store.exists("manifest.json"):
         return None, f"--resume: no run at {run_dir!r} (no manifest.json); give the directory of a run"

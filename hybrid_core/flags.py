@@ -242,9 +242,14 @@ def parse_cli(argv: list[str]) -> RunConfig:
     return config_from_dict(data, problems)
 
 
-def config_differences(saved: dict, cfg: RunConfig, allowed=("train.max_steps", "store.root")) -> list[str]:
-    """Dotted fields whose value in `cfg` differs from a run's saved configuration; extending a run (max_steps) and
-    moving its directory (store.root) are allowed."""
+# What a resumed run may change: how far it goes, where its directory now lives, and how its stages are waited for
+# and retried (none of these changes what a step computes).
+RESUME_CHANGEABLE = ("train.max_steps", "store.root", "train.stage_timeout_s", "train.stage_retries",
+                     "train.retry_delay_s")
+
+
+def config_differences(saved: dict, cfg: RunConfig, allowed=RESUME_CHANGEABLE) -> list[str]:
+    """Dotted fields whose value in `cfg` differs from a run's saved configuration, but for `allowed` ones."""
     from hybrid_core.config import leaf_values
 
     before, after = leaf_values(RunConfig.model_validate(saved)), leaf_values(cfg)

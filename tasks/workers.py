@@ -12,6 +12,7 @@ from hybrid_core.config import RunConfig
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import launch, placement
 from hybrid_core.workers.rank_group import RankFailure
+from hybrid_core.workers.worker_args import run_ref  # noqa: F401  (the flow names its run through the tasks)
 
 
 class WorkerCallError(RuntimeError):
@@ -20,12 +21,6 @@ class WorkerCallError(RuntimeError):
 
 class PermanentWorkerError(WorkerCallError, PermanentError):
     """A worker failed in a way that calling it again cannot fix (its cause is a PermanentError)."""
-
-
-def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
-    t = cfg.train
-    return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
-                  stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps)
 
 
 def _where(run: RunRef, role: str, rank: int, stage: str, step: int | None) -> str:

@@ -64,10 +64,12 @@ def _refusal(run_dir: str, holder: dict) -> RunLockedError:
 class RunLease:
     """Held from `acquire` to `release` (also a context manager). `check()` raises once the lease was lost."""
 
-    def __init__(self, run_dir: str, run_id: str):
+    def __init__(self, run_dir: str, run_id: str, storage_options: dict | None = None):
         self.run_dir, self.run_id = run_dir.rstrip("/"), run_id
-        self.fs, root = fsspec.core.url_to_fs(self.run_dir, use_listings_cache=False, skip_instance_cache=True) \
-            if self.run_dir.startswith(("s3://", "s3a://")) else fsspec.core.url_to_fs(self.run_dir)
+        options = dict(storage_options or {})
+        if self.run_dir.startswith(("s3://", "s3a://")):  # another run's lease must never be served from a cache
+            options |= {"use_listings_cache": False, "skip_instance_cache": True}
+        self.fs, root = fsspec.core.url_to_fs(self.run_dir, **options)
         self.path = f"{root}/{LEASE}"
         self.is_local = "file" in self.fs.protocol
         self.holder = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),

@@ -25,6 +25,7 @@ from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args,
                                              num_engines, role_ranks, rollout_args)
 
 LIVE_TIMEOUT_S = 120  # a live worker still finishing a call of the killed driver answers after it
+CLOSE_TIMEOUT_S = 15  # flushing the metric sinks takes well under a second
 
 
 class RunDirectoryError(PermanentError, ValueError):
@@ -159,8 +160,8 @@ def stop_workers(run: RunRef) -> None:
     """Let the actor flush its metric sinks, then kill every actor of the run."""
     if not ray.is_initialized():
         return
-    try:
-        ray.get(placement.get_worker(run, "actor").close.remote(), timeout=60)
+    try:  # a worker still busy (a hung stage) gets a short wait: the run is over either way
+        ray.get(placement.get_worker(run, "actor").close.remote(), timeout=CLOSE_TIMEOUT_S)
     except (ValueError, ray.exceptions.RayError):
-        pass  # no live actor: nothing to flush
+        pass  # no live actor, or a busy one: nothing more to flush
     placement.kill_run(run)

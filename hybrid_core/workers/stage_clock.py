@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import inspect
 import time
 
 _gc_clock = {"paused_s": 0.0, "started": 0.0, "reported_s": 0.0}
@@ -53,6 +54,12 @@ def stamped(method):
         entered = time.time()
         self.clock = CallClock(called_at=called_at or entered, entered_at=entered)
         result = method(self, *args, **kwargs)
-        return dataclasses.replace(result, entered_at=entered)
+        return dataclasses.replace(result, entered_at=entered) if hasattr(result, "entered_at") else result
 
+    # Ray checks a remote call's arguments against the method's signature, unwrapping decorators all the way: the
+    # wrapper must not point back to the method, and its signature must carry `called_at`
+    signature = inspect.signature(method)
+    called_at = inspect.Parameter("called_at", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="float | None")
+    wrapper.__signature__ = signature.replace(parameters=[*signature.parameters.values(), called_at])
+    del wrapper.__wrapped__
     return wrapper

@@ -21,6 +21,13 @@ from hybrid_core.workers.critic import CriticWorkerArgs
 from hybrid_core.workers.rollout import PromptSource, RolloutWorkerArgs
 
 
+def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
+    """The run's name, store and stage settings, as every task and worker sees them."""
+    t = cfg.train
+    return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
+                  stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps)
+
+
 def max_new_tokens(cfg: RunConfig) -> int:
     return cfg.rollout.max_new_tokens or cfg.data.max_len // 2
 

@@ -78,7 +78,7 @@ def run_micro(store_root: Path, run_id: str, *flags: str):
     from flows.rl_train import rl_train
 
     cfg = micro_config(store_root, *flags)
-    return cfg, rl_train(cfg, run_id=run_id)["run_dir"]
+    return cfg, rl_train(cfg, run_id=run_id).run_dir
 
 
 def read_stage(run_dir: str, step: int, stage: str):

@@ -39,9 +39,11 @@ class RayHead:
             stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(8)
 
-    def train(self, *args: str, log: Path) -> subprocess.Popen:
+    def train(self, *args: str, log: Path, faults: str = "") -> subprocess.Popen:
+        """`hybrid train ARGS` against this head; `faults` is the run's HYBRID_FAULTS (see workers.faults)."""
         out = open(log, "w")
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=REPO_ROOT, env=self.env,
+        env = self.env | ({"HYBRID_FAULTS": faults} if faults else {})
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=REPO_ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self) -> None:
@@ -106,12 +108,23 @@ def wait_for_event(run_dir, step: int, stage: str, event: str, proc: subprocess.
     raise AssertionError(f"no {step}/{stage}/{event} event within {timeout_s}s")
 
 
+VOLATILE = ("timing_s/", "rollout/tokens_per_s", "memory_gib/")
+
+
 def fingerprint(run_dir, fs=None) -> dict:
-    """Content hashes of every committed stage dataset of every step, and of the final weights."""
+    """What two runs of one configuration must share: the content hash of every committed stage dataset of every
+    step (metrics rows without their timings), the train and sync records' figures (timings excluded), the kept
+    checkpoints and the final weights."""
     manifest = json.loads(_read(run_dir, "manifest.json", fs))
-    hashes = {f"{k}/{stage}": entry["hash"] for k, stages in manifest["steps"].items()
+    steps = manifest["steps"]
+    hashes = {f"{k}/{stage}": entry["hash"] for k, stages in steps.items()
               for stage, entry in stages.items() if isinstance(entry, dict) and "hash" in entry}
-    return hashes | {"weights": hashlib.sha256(_read(run_dir, "model/model.safetensors", fs)).hexdigest()}
+    records = {f"{k}/{stage}": {key: v for key, v in stages[stage]["metrics"].items() if not key.startswith(VOLATILE)}
+               | {key: v for key, v in stages[stage].items() if key in ("policy_version",)}
+               for k, stages in steps.items() for stage in ("train", "sync")}
+    kept = sorted(int(k) for k, stages in steps.items() if (stages.get("checkpoint") or {}).get("kept"))
+    return hashes | records | {"checkpoints": kept,
+                               "weights": hashlib.sha256(_read(run_dir, "model/model.safetensors", fs)).hexdigest()}
 
 
 def head_workers(head: RayHead, pattern: str) -> list[tuple[int, str]]:

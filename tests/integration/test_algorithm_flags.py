@@ -73,7 +73,7 @@ def test_gae_critic_learns_over_a_10_step_demo(tmp_path, tiny_model, ray_session
     cfg = parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--store.root", str(tmp_path),
                      "--algo.advantage.estimator", "gae", "--train.max_steps", "10", "--critic.freezing_steps", "10",
                      "--critic.adam.lr", "0.001", "--critic.lr_scheduler", "constant"])
-    run_dir = rl_train(cfg, run_id="gae-demo")["run_dir"]
+    run_dir = rl_train(cfg, run_id="gae-demo").run_dir
     losses = [read_metrics(run_dir, k)["critic/value_loss"] for k in range(1, 11)]
     assert sum(losses[-3:]) < sum(losses[:3]), losses
 
@@ -132,11 +132,11 @@ def test_packing_and_dynamic_batching_match_the_padded_run(reference_run, tmp_pa
     _, run_dir = run_micro(tmp_path, "packed-dynamic", "--ds.packing_samples", "--train.dynamic_batch_enable",
                            "--train.max_tokens_per_gpu", "120", "--rollout.max_tokens_per_gpu", "160")
     col = lambda run, stage, name: read_stage(run, 1, stage).column(name).to_pylist()  # noqa: E731
-    assert col(run_dir, "rollout", "response_ids") == col(reference["run_dir"], "rollout", "response_ids")
+    assert col(run_dir, "rollout", "response_ids") == col(reference.run_dir, "rollout", "response_ids")
     for name in ("old_logprobs", "ref_logprobs"):
-        got, expected = pad(col(run_dir, "advantage", name)), pad(col(reference["run_dir"], "advantage", name))
+        got, expected = pad(col(run_dir, "advantage", name)), pad(col(reference.run_dir, "advantage", name))
         assert got.shape == expected.shape and bool((expected != 0).any())
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, msg=name)
-    packed, padded = read_metrics(run_dir, 1), read_metrics(reference["run_dir"], 1)
+    packed, padded = read_metrics(run_dir, 1), read_metrics(reference.run_dir, 1)
     for key in ("actor/policy_loss", "actor/grad_norm", "actor/kl_loss"):
         assert packed[key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key

@@ -30,7 +30,7 @@ def test_two_ranks_train_like_one(reference_run, two_rank_run):
     summed in another order may flip a near-zero one: their logprobs agree to 5e-3 and figures to 1%."""
     (_, one), (cfg, two) = reference_run, two_rank_run
     assert cfg.actor_world_size == 2 and cfg.vllm.num_engines == 2
-    one = one["run_dir"]
+    one = one.run_dir
     for step, (logprob_atol, figure_rel) in zip((1, 2, 3), ((1e-5, 1e-4), (5e-3, 1e-2), (5e-3, 1e-2))):
         rollout_one, rollout_two = read_stage(one, step, "rollout"), read_stage(two, step, "rollout")
         assert by_sample(rollout_two, "response_ids") == by_sample(rollout_one, "response_ids"), step

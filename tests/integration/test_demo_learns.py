@@ -16,8 +16,8 @@ def demo_rewards(root, run_id: str, *flags: str) -> list[float]:
 
     cfg = parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--store.root", str(root), *flags])
     result = rl_train(cfg, run_id=run_id)
-    return [pds.dataset(f"{result['run_dir']}/steps/{k}/metrics", format="parquet").to_table()
-            .column("reward/mean")[0].as_py() for k in range(1, result["num_steps"] + 1)]
+    return [pds.dataset(f"{result.run_dir}/steps/{k}/metrics", format="parquet").to_table()
+            .column("reward/mean")[0].as_py() for k in range(1, result.num_steps + 1)]
 
 
 def gain(rewards: list[float]) -> float:

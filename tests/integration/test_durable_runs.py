@@ -1,5 +1,7 @@
-"""Runs survive faults with nothing lost and nothing repeated: determinism, a killed driver resumed from the newest
-checkpoint with committed steps replayed, a failing reward function fixed and resumed, an edited config refused."""
+"""Runs survive faults with nothing lost and nothing repeated: determinism, a driver SIGKILLed at each point of a
+step's contract and resumed, a killed worker recreated, a second run on a held directory refused (local and S3), a
+failing reward function fixed and resumed, an edited config refused. All against a Ray head of its own, so the
+workers outlive the driver as they do on a cluster."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,7 @@ from durable_runs import (MICRO, MotoServer, RayHead, assert_no_run_actors, even
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.integration
+DATASETS = ("rollout", "reward", "advantage", "metrics")
 
 
 @pytest.fixture(scope="module")
@@ -47,36 +50,72 @@ def uninterrupted(tmp_path_factory, tiny_model, s3):
     return root / "straight"
 
 
-def test_same_seed_gives_the_same_bytes(head, uninterrupted, tmp_path):
+def kill_driver(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def assert_succeeds(proc: subprocess.Popen, log) -> None:
+    assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+
+
+def assert_refused_by_the_holder(rival: subprocess.Popen, log, holder_pid: int) -> None:
+    """A second `hybrid train` on a held run directory exits 2 naming the live run's pid, without a traceback."""
+    assert rival.wait(timeout=300) == 2, log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"is in use by another run: pid {holder_pid} on host" in text, text[-3000:]
+    assert "Traceback" not in text.split("hybrid train stopped:")[-1]
+
+
+def test_same_seed_gives_the_same_bytes_and_a_second_run_of_its_id_is_refused(head, uninterrupted, tmp_path):
     # checkpoint rotation is not part of the data: keep 2 of the 3 checkpoints (steps 2, 4, 6) this time
-    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "again", "--ckpt.max_num", "2",
-                      log=tmp_path / "again.log")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    flags = [*MICRO, "--store.root", str(tmp_path), "--run_id", "again", "--ckpt.max_num", "2"]
+    proc = head.train(*flags, log=tmp_path / "again.log")
+    wait_for_event(tmp_path / "again", 1, "rollout", "commit", proc)
+    rival = head.train(*flags, log=tmp_path / "rival.log")
+    assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
+    assert_succeeds(proc, tmp_path / "again.log")
     first, second = fingerprint(uninterrupted), fingerprint(tmp_path / "again")
-    assert len(first) == 6 * 4 + 1 and first == second
+    assert (first.pop("checkpoints"), second.pop("checkpoints")) == ([2, 4, 6], [4, 6])
+    assert len(first) == 6 * 6 + 1 and first == second
     assert sorted(p.name for p in (tmp_path / "again" / "ckpt" / "_actor").glob("global_step*")) == \
         ["global_step4", "global_step6"]
     assert sorted(p.name for p in (uninterrupted / "ckpt" / "_actor").glob("global_step*")) == \
         ["global_step2", "global_step4", "global_step6"]
+    assert [e["step"] for e in events(tmp_path / "again") if e["event"] == "start" and e["stage"] == "rollout"] == \
+        [1, 2, 3, 4, 5, 6]  # the refused run generated nothing
 
 
-def test_killed_driver_resumes_from_the_checkpoint_and_replays(head, uninterrupted, tmp_path):
+# (step, stage, event the test waits for, HYBRID_FAULTS holding the worker there while the driver is killed)
+KILL_POINTS = {
+    "after-a-stage-start": (4, "train", "start", ""),
+    "between-a-stage-write-and-its-commit": (5, "rollout", "fault", "sleep4:5:rollout:written"),
+    "between-sync-commit-and-metrics-commit": (4, "sync", "fault", "sleep4:4:sync:committed"),
+    "between-metrics-commit-and-checkpoint": (4, "metrics", "fault", "sleep4:4:metrics:committed"),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_driver_killed_at_any_point_of_a_step_resumes_to_the_uninterrupted_run(point, head, uninterrupted,
+                                                                                tmp_path):
+    step, stage, event, faults = KILL_POINTS[point]
     run_dir = tmp_path / "killed"
-    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "killed", log=tmp_path / "killed.log")
-    wait_for_event(run_dir, 4, "train", "start", proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    (run_dir / "steps" / "5").mkdir(parents=True, exist_ok=True)
-    (run_dir / "steps" / "5" / "rollout.tmp-deadbeef").mkdir()  # a crash between write and commit
+    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "killed", log=tmp_path / "killed.log",
+                      faults=faults)
+    wait_for_event(run_dir, step, stage, event, proc)
+    kill_driver(proc)
+    leftover = run_dir / "steps" / "5" / "reward.tmp-deadbeef"  # a writer that died before its rename
+    leftover.mkdir(parents=True)
     resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert_succeeds(resumed, tmp_path / "resumed.log")
+    # every dataset, metrics row (timings aside), train and sync record, kept checkpoint and the final weights
     assert fingerprint(run_dir) == fingerprint(uninterrupted)
-    log = events(run_dir)
-    for step in (3, 4):
-        assert {(e["stage"], e["event"]) for e in log if e["step"] == step} >= {
-            ("rollout", "replay"), ("reward", "replay"), ("advantage", "replay")}
-        assert sum(1 for e in log if (e["step"], e["stage"], e["event"]) == (step, "rollout", "start")) == 1
-    assert not (run_dir / "steps" / "5" / "rollout.tmp-deadbeef").exists()
+    assert sorted(p.name for p in (run_dir / "ckpt" / "_actor").glob("global_step*")) == \
+        ["global_step2", "global_step4", "global_step6"]
+    starts = [(e["step"], e["stage"]) for e in events(run_dir) if e["event"] == "start"]
+    for k in range(1, 7):  # nothing committed was generated again
+        assert [starts.count((k, s)) for s in DATASETS] == [1, 1, 1, 1], (k, starts)
+    assert not leftover.exists()
 
 
 def test_resume_refuses_an_edited_configuration(uninterrupted):
@@ -92,22 +131,23 @@ def test_resume_refuses_an_edited_configuration(uninterrupted):
         config.write_text(original)
 
 
-def test_a_failing_reward_function_is_fixed_and_resumed(head, uninterrupted, tmp_path):
+def test_a_failing_reward_function_fails_at_once_then_is_fixed_and_resumed(head, uninterrupted, tmp_path):
     reward = tmp_path / "flaky_reward.py"
     good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
     reward.write_text(good + "\n_ok = reward_func\n\ndef reward_func(queries, prompts, labels, **kw):\n"
                       "    if any('aeiouy' == y for y in labels):\n        raise KeyError('no grader for aeiouy')\n"
                       "    return _ok(queries, prompts, labels)\n")
     flags = [*MICRO, "--store.root", str(tmp_path), "--run_id", "flaky", "--reward.remote_url", str(reward),
-             "--train.stage_retries", "0"]
+             "--train.retry_delay_s", "30"]
     failed = head.train(*flags, log=tmp_path / "flaky.log")
     assert failed.wait(timeout=900) != 0
     text = (tmp_path / "flaky.log").read_text()
     assert "KeyError" in text and "no grader for aeiouy" in text and "(prompt_index, sample_index)" in text
+    assert "Retry 1/2" not in text  # it fails again on the sample alone: a retry cannot help
     committed_before = [e for e in events(tmp_path / "flaky") if e["event"] == "commit"]
     reward.write_text(good)
     resumed = head.train("--resume", str(tmp_path / "flaky"), log=tmp_path / "flaky-resumed.log")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "flaky-resumed.log").read_text()[-3000:]
+    assert_succeeds(resumed, tmp_path / "flaky-resumed.log")
     starts = [(e["step"], e["stage"]) for e in events(tmp_path / "flaky") if e["event"] == "start"]
     for c in committed_before:  # nothing committed before the failure was generated again
         if c["stage"] in ("rollout", "reward", "advantage"):
@@ -122,23 +162,30 @@ def test_a_killed_worker_is_recreated_on_resume(role_class, step, stage, head, u
     wait_for_event(run_dir, step, stage, "start", proc)
     kill_worker(head, role_class)
     assert proc.wait(timeout=600) != 0
-    assert "the actor died" in (tmp_path / "run.log").read_text()
+    role = role_class.removesuffix("Worker").lower()
+    assert f"{role} rank 0 (worker-killed/{role}/0) in {stage} of step {step}: the actor died" in \
+        (tmp_path / "run.log").read_text()
     resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
+    assert_succeeds(resumed, tmp_path / "resumed.log")
     assert fingerprint(run_dir) == fingerprint(uninterrupted)
 
 
-def test_killed_driver_resumes_with_the_store_on_s3(head, uninterrupted, s3, tmp_path):
+def test_on_s3_a_second_run_is_refused_and_a_killed_driver_resumes(head, uninterrupted, s3, tmp_path):
     fs, run_dir = s3.filesystem(), "s3://runs-bucket/fault/s3-killed"
-    proc = head.train(*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed",
-                      log=tmp_path / "s3.log")
+    flags = [*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed"]
+    proc = head.train(*flags, log=tmp_path / "s3.log")
+    wait_for_event(run_dir, 2, "rollout", "start", proc, fs=fs)
+    rival = head.train(*flags, log=tmp_path / "rival.log")
+    assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
     wait_for_event(run_dir, 4, "train", "start", proc, fs=fs)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_driver(proc)
+    # the lease object stays behind; its holder was on this host and is gone, so the resume takes it over at once
+    assert fs.exists("runs-bucket/fault/s3-killed/_lease.json")
     resumed = head.train("--resume", run_dir, log=tmp_path / "s3-resumed.log")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "s3-resumed.log").read_text()[-3000:]
+    assert_succeeds(resumed, tmp_path / "s3-resumed.log")
     assert fingerprint(run_dir, fs) == fingerprint(uninterrupted)
     assert any((e["step"], e["event"]) == (3, "replay") for e in events(run_dir, fs))
+    assert not fs.exists("runs-bucket/fault/s3-killed/_lease.json")  # released when the run ended
 
 
 def test_load_enable_starts_a_new_run_from_the_newest_checkpoint(head, uninterrupted, tmp_path):
@@ -149,26 +196,12 @@ def test_load_enable_starts_a_new_run_from_the_newest_checkpoint(head, uninterru
     extended = tmp_path / "extended"
     shutil.copytree(uninterrupted, extended)
     proc = head.train("--resume", str(extended), "--train.max_steps", "7", log=tmp_path / "extended.log")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "extended.log").read_text()[-3000:]
+    assert_succeeds(proc, tmp_path / "extended.log")
     loaded = head.train(*MICRO, "--train.max_steps", "7", "--store.root", str(tmp_path), "--run_id", "loaded",
                         "--ckpt.load_enable", "--ckpt.path", str(uninterrupted / "ckpt"), log=tmp_path / "loaded.log")
-    assert loaded.wait(timeout=900) == 0, (tmp_path / "loaded.log").read_text()[-3000:]
+    assert_succeeds(loaded, tmp_path / "loaded.log")
     ext, new = fingerprint(extended), fingerprint(tmp_path / "loaded")
-    assert {k for k in new if k != "weights"} == {f"7/{s}" for s in ("rollout", "reward", "advantage", "metrics")}
-    assert {k: new[k] for k in new} == {k: ext[k] for k in new}
+    assert {k for k in new if k not in ("weights", "checkpoints")} == \
+        {f"7/{s}" for s in ("rollout", "reward", "advantage", "metrics", "train", "sync")}
+    assert {k: new[k] for k in new if k != "checkpoints"} == {k: ext[k] for k in new if k != "checkpoints"}
     assert ("checkpoint", "restore") in {(e["stage"], e["event"]) for e in events(tmp_path / "loaded")}
-
-
-def test_killed_driver_between_steps_reattaches_to_the_live_workers(head, uninterrupted, tmp_path):
-    run_dir = tmp_path / "reattach"
-    proc = head.train(*MICRO, "--store.root", str(tmp_path), "--run_id", "reattach", log=tmp_path / "run.log")
-    wait_for_event(run_dir, 4, "metrics", "commit", proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    resumed = head.train("--resume", str(run_dir), log=tmp_path / "resumed.log")
-    assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
-    assert fingerprint(run_dir) == fingerprint(uninterrupted)
-    log = events(run_dir)
-    assert not [e for e in log if e["event"] == "restore"]  # the live workers held version 4: no checkpoint load
-    assert not [e for e in log if e["event"] == "replay" and e["step"] <= 4]
-    assert "'attached': True" in (tmp_path / "resumed.log").read_text()

@@ -1,6 +1,7 @@
 """The `rl-train` flow end to end on CPU (real Ray, Prefect, vLLM CPU build, DeepSpeed): the shared reference run."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -22,8 +23,8 @@ METRIC_KEYS = {"reward/mean", "reward/std", "advantage/mean", "advantage/std", "
 
 def test_every_step_commits_its_datasets(reference_run):
     cfg, result = reference_run
-    run_dir = Path(result["run_dir"])
-    assert result["num_steps"] == 3
+    run_dir = Path(result.run_dir)
+    assert result.num_steps == 3
     rows = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
     for step in (1, 2, 3):
         for stage, columns in COLUMNS.items():
@@ -40,7 +41,7 @@ def test_datasets_load_with_hf_datasets(reference_run):
     import datasets
 
     _, result = reference_run
-    files = sorted(str(p) for p in Path(result["run_dir"]).glob("steps/*/rollout/part-*.parquet"))
+    files = sorted(str(p) for p in Path(result.run_dir).glob("steps/*/rollout/part-*.parquet"))
     ds = datasets.load_dataset("parquet", data_files=files, split="train")
     assert len(ds) == 3 * 4
     assert set(ds.unique("finish_reason")) <= {"stop", "length"}
@@ -50,7 +51,7 @@ def test_datasets_load_with_hf_datasets(reference_run):
 def test_rollout_rows_follow_the_policy_version_and_sample_order(reference_run):
     _, result = reference_run
     for step in (1, 2, 3):
-        table = pds.dataset(f"{result['run_dir']}/steps/{step}/rollout", format="parquet").to_table()
+        table = pds.dataset(f"{result.run_dir}/steps/{step}/rollout", format="parquet").to_table()
         assert set(table.column("policy_version").to_pylist()) == {step - 1}  # step k generates with version k−1
         keys = list(zip(table.column("prompt_index").to_pylist(), table.column("sample_index").to_pylist()))
         assert [k[1] for k in keys] == [0, 1, 0, 1]  # prompt-major: a prompt's samples are contiguous
@@ -59,25 +60,47 @@ def test_rollout_rows_follow_the_policy_version_and_sample_order(reference_run):
 
 def test_manifest_and_events_record_every_commit(reference_run):
     _, result = reference_run
-    run_dir = Path(result["run_dir"])
+    run_dir = Path(result.run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert sorted(manifest["steps"]) == ["1", "2", "3"]
-    assert set(manifest["steps"]["2"]) == {"rollout", "reward", "advantage", "metrics", "sync"}
-    assert manifest["steps"]["3"]["sync"] == {"policy_version": 3}
-    assert all(len(manifest["steps"]["1"][stage]["hash"]) == 64 for stage in ("rollout", "reward", "advantage"))
+    assert set(manifest["steps"]["2"]) == {"rollout", "reward", "advantage", "train", "sync", "metrics"}
+    assert manifest["steps"]["3"]["sync"]["policy_version"] == 3 and manifest["steps"]["3"]["sync"]["seconds"] > 0
+    for stage in ("rollout", "reward", "advantage", "metrics"):
+        entry = manifest["steps"]["1"][stage]
+        assert len(entry["hash"]) == 64 and entry["policy_version"] == 0
+        # the sha256 of each committed file, checked before the file is ever replayed
+        part = run_dir / "steps" / "1" / stage / "part-00000.parquet"
+        assert entry["files"] == {"part-00000.parquet": hashlib.sha256(part.read_bytes()).hexdigest()}
+    train = manifest["steps"]["2"]["train"]["metrics"]  # what the worker measured is committed with the stage
+    assert {"policy_loss", "experience_kl", "timing_s/ds_wake", "timing_s/dispatch_train"} <= set(train)
     assert manifest["config"]["rollout"]["batch_size"] == 2 and manifest["run_id"] == "reference"
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    stages = ("rollout", "reward", "advantage", "train", "sync", "metrics")
     commits = [(e["step"], e["stage"]) for e in events if e["event"] == "commit"]
-    assert commits == [(k, s) for k in (1, 2, 3) for s in ("rollout", "reward", "advantage", "sync", "metrics")]
+    assert commits == [(k, s) for k in (1, 2, 3) for s in stages]
     starts = [(e["step"], e["stage"]) for e in events if e["event"] == "start"]
-    assert starts == [(k, s) for k in (1, 2, 3) for s in ("rollout", "reward", "advantage", "train", "sync")]
+    assert starts == [(k, s) for k in (1, 2, 3) for s in stages]
     assert not [e for e in events if e["event"] == "replay"]
+
+
+def test_the_metrics_row_is_built_from_the_committed_records(reference_run):
+    """The row holds each stage's committed seconds and figures: nothing of it came from the driver's memory."""
+    _, result = reference_run
+    manifest = json.loads((Path(result.run_dir) / "manifest.json").read_text())
+    for step in (1, 2, 3):
+        entries = manifest["steps"][str(step)]
+        row = pds.dataset(f"{result.run_dir}/steps/{step}/metrics", format="parquet").to_table().to_pylist()[0]
+        for stage in ("rollout", "reward", "advantage", "train", "sync"):
+            assert row[f"timing_s/{stage}"] == pytest.approx(entries[stage]["seconds"], rel=1e-6)
+        assert row["actor/kl"] == pytest.approx(entries["train"]["metrics"]["experience_kl"], rel=1e-6, abs=1e-12)
+        assert row["actor/policy_loss"] == pytest.approx(entries["train"]["metrics"]["policy_loss"], rel=1e-6,
+                                                         abs=1e-12)
 
 
 def test_run_actors_are_gone_after_the_run(reference_run, ray_session):
     _, result = reference_run
     names = ray_session.util.list_named_actors(all_namespaces=True)
-    assert not [n for n in names if n["name"].startswith(result["run_id"] + "/")]
+    assert not [n for n in names if n["name"].startswith(result.run_id + "/")]
 
 
 def test_advantages_match_the_public_functions(reference_run):
@@ -89,7 +112,7 @@ def test_advantages_match_the_public_functions(reference_run):
     from hybrid_core.engines.sequence_batch import pad
 
     cfg, result = reference_run
-    base = f"{result['run_dir']}/steps/1"
+    base = f"{result.run_dir}/steps/1"
     reward = pds.dataset(f"{base}/reward", format="parquet").to_table()
     adv = pds.dataset(f"{base}/advantage", format="parquet").to_table()
     old, ref = adv.column("old_logprobs").to_pylist(), adv.column("ref_logprobs").to_pylist()
@@ -109,10 +132,10 @@ def test_metrics_reach_tensorboard_and_offline_wandb(reference_run):
     events = EventAccumulator(str(Path(cfg.logger.tensorboard_dir) / "reference"))
     events.Reload()
     rewards = [e.value for e in events.Scalars("train/reward/mean")]
-    metrics = [pds.dataset(f"{result['run_dir']}/steps/{k}/metrics", format="parquet").to_table()
+    metrics = [pds.dataset(f"{result.run_dir}/steps/{k}/metrics", format="parquet").to_table()
                .column("reward/mean")[0].as_py() for k in (1, 2, 3)]
     assert rewards == pytest.approx(metrics, abs=1e-6)
-    offline_runs = list((Path(result["run_dir"]) / "wandb").glob("offline-run-*/run-*.wandb"))
+    offline_runs = list((Path(result.run_dir) / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0
 
 
@@ -123,7 +146,7 @@ def test_hybrid_rollouts_prints_summaries_and_samples(reference_run):
     from tests.conftest import REPO_ROOT
 
     _, result = reference_run
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "rollouts", result["run_dir"], "--step", "2",
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "rollouts", result.run_dir, "--step", "2",
                            "--stage", "reward", "--head", "3"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -151,7 +174,7 @@ def test_the_flow_run_carries_the_run_tag_and_its_task_runs_do_not(reference_run
 def test_metrics_rows_carry_each_stages_dispatch_and_gc_seconds(reference_run):
     _, result = reference_run
     for step in (1, 2, 3):
-        row = pds.dataset(f"{result['run_dir']}/steps/{step}/metrics", format="parquet").to_table().to_pylist()[0]
+        row = pds.dataset(f"{result.run_dir}/steps/{step}/metrics", format="parquet").to_table().to_pylist()[0]
         for stage in ("rollout", "reward", "advantage", "train", "sync"):
             assert 0.0 <= row[f"timing_s/dispatch_{stage}"] < 1.0, (step, stage)
             assert 0.0 <= row[f"timing_s/gc_{stage}"] < 1.0, (step, stage)

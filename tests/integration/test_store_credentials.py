@@ -39,6 +39,6 @@ def test_credentials_from_a_secret_block(s3, tiny_model, ray_session, prefect_se
     fs = s3.filesystem()
     manifest = json.loads(fs.cat_file("secret-bucket/runs/with-secret/manifest.json"))
     assert sorted(k for k, v in manifest["steps"].items() if "metrics" in v) == ["1", "2"]
-    assert result["run_dir"] == "s3://secret-bucket/runs/with-secret"
+    assert result.run_dir == "s3://secret-bucket/runs/with-secret"
     for path in fs.find("secret-bucket/runs/with-secret"):
         assert SECRET.encode() not in fs.cat_file(path), path

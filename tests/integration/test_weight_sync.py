@@ -22,14 +22,14 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def sync_run(request, tmp_path_factory, tiny_model, ray_session):
     from conftest import micro_config
 
-    from hybrid_core.types import RunRef
     from hybrid_core.workers import launch
+    from hybrid_core.workers.worker_args import run_ref
 
     root = tmp_path_factory.mktemp("sync")
     reward_file = distinct_chars_reward(root)
     cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file),
                        "--ds.zero_stage", str(request.param), "--vllm.sync_bucket_mb", "1")
-    run = RunRef(f"sync-test-zero{request.param}", cfg.store.root)
+    run = run_ref(cfg, f"sync-test-zero{request.param}")
     try:
         launch.start_workers(cfg, run)
         yield run
@@ -46,8 +46,8 @@ def distributed_run(tmp_path_factory, tiny_model, ray_session):
 
     from hybrid_core.flags import parse_cli
     from hybrid_core.plan import role_bundles, sync_transport
-    from hybrid_core.types import RunRef
     from hybrid_core.workers import launch
+    from hybrid_core.workers.worker_args import run_ref
 
     root = tmp_path_factory.mktemp("distributed")
     demo = yaml.safe_load((REPO_ROOT / "data" / "demo.yaml").read_text())
@@ -59,7 +59,7 @@ def distributed_run(tmp_path_factory, tiny_model, ray_session):
     assert sync_transport(cfg) == "process_group:gloo"
     # the rollout group's first bundle; engine r takes bundle 2 + r
     assert role_bundles(cfg) == (4, {"actor": (0, 0.25), "ref": (1, 0.25), "rollout": (2, 0.25)})
-    run = RunRef("sync-test-distributed", cfg.store.root)
+    run = run_ref(cfg, "sync-test-distributed")
     try:
         launch.start_workers(cfg, run)
         yield run

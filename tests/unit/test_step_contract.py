@@ -1,0 +1,97 @@
+"""Unit tests for hybrid_core.step_contract: the stage table, retries, the version rule, the seeds, and which steps
+are complete (where a run resumes, whether live workers are kept, which checkpoint is restored)."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from hybrid_core.step_contract import (CHECKPOINT, STEP_STAGES, LiveVersions, can_reattach, derive_seed,
+                                       first_incomplete_step, generating_version, is_checkpoint_due, missing_parts,
+                                       reattach_version, restore_step, retry_policy, stage_named, stages_after)
+
+DATASETS = {"rollout", "reward", "advantage", "metrics"}
+
+
+def _complete(step: int, checkpoint: bool = False) -> dict:
+    entries = {stage.name: {"seconds": 1.0} for stage in STEP_STAGES}
+    return entries | ({"checkpoint": {"tag": f"global_step{step}", "kept": True}} if checkpoint else {})
+
+
+def test_the_stage_table_in_order_with_its_roles_and_methods():
+    assert [(s.name, s.role, s.method) for s in STEP_STAGES] == [
+        ("rollout", "rollout", "generate"), ("reward", "rollout", "score"), ("advantage", "actor", "make_experience"),
+        ("train", "actor", "train"), ("sync", "actor", "sync"), ("metrics", "actor", "write_metrics")]
+    assert {s.name for s in STEP_STAGES if s.is_dataset} == DATASETS
+    assert stage_named("checkpoint") is CHECKPOINT
+    with pytest.raises(ValueError, match=r"stage must be one of .*: got 'judge'"):
+        stage_named("judge")
+    assert stages_after("reward") == ("advantage", "train", "sync", "metrics", "checkpoint")
+    assert stages_after("checkpoint") == ()
+
+
+def test_retries_follow_the_settings_and_train_never_retries():
+    for stage in STEP_STAGES:
+        policy = retry_policy(stage, stage_retries=3, retry_delay_s=0.5)
+        assert (policy.retries, policy.delay_s) == ((0, 0.5) if stage.name == "train" else (3, 0.5)), stage.name
+
+
+def test_the_version_rule_and_checkpoint_steps():
+    assert [generating_version(k) for k in (1, 2, 7)] == [0, 1, 6]
+    assert [k for k in range(1, 10) if is_checkpoint_due(k, 3)] == [3, 6, 9]
+    assert not any(is_checkpoint_due(k, s) for k in range(1, 10) for s in (-1, 0))
+
+
+def test_one_seed_formula_computed_independently():
+    def by_hand(*parts):  # sha256 of the parts joined by "/", first 4 bytes little-endian, 31 bits
+        return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+    assert derive_seed(0, 1, 2) == by_hand(0, 1, 2) == 84316401  # the rollout seeds of earlier runs are kept
+    assert derive_seed(42, 3, "actor-batches") == by_hand("42/3/actor-batches")
+    assert len({derive_seed(42, 3, s) for s in ("actor-batches", "critic-batches", "refill")}) == 3
+    assert derive_seed(1, 23, 4) != derive_seed(12, 3, 4)
+    assert all(0 <= derive_seed(s, k) < 2**31 for s in range(5) for k in range(5))
+
+
+def test_what_a_step_still_owes():
+    assert missing_parts(1, {}, set(), -1) == [s.name for s in STEP_STAGES]
+    assert missing_parts(2, _complete(2), DATASETS, 2) == ["checkpoint"]
+    assert missing_parts(2, _complete(2, checkpoint=True), DATASETS, 2) == []
+    assert missing_parts(3, _complete(3), DATASETS - {"reward"}, 2) == ["reward"]  # its _SUCCESS was deleted
+    rotated = _complete(2) | {"checkpoint": {"tag": "global_step2", "kept": False}}
+    assert missing_parts(2, rotated, DATASETS, 2) == []  # a checkpoint rotated away was still taken
+
+
+def test_the_first_incomplete_step_is_where_a_run_resumes():
+    steps = {"1": _complete(1), "2": _complete(2, True), "3": _complete(3), "4": _complete(4)}
+    committed = {(k, s) for k in (1, 2, 3, 4) for s in DATASETS}
+    assert first_incomplete_step({}, set(), 2) == 1
+    assert first_incomplete_step(steps, committed, 2) == 4  # step 4's checkpoint is due and missing
+    assert first_incomplete_step(steps, committed, -1) == 5
+    assert first_incomplete_step(steps, committed - {(3, "metrics")}, 2) == 3
+
+
+def test_live_workers_are_kept_only_at_the_version_the_resumed_step_needs():
+    at = lambda v: LiveVersions(trained_step=v, policy_version=v, rollout_version=v)  # noqa: E731
+    partial = {"rollout": {}, "reward": {}}
+    assert reattach_version(5, partial, {"rollout", "reward"}) == 4
+    assert can_reattach(at(4), 5, partial, {"rollout", "reward"})
+    assert not can_reattach(at(5), 5, partial, {"rollout", "reward"})
+    assert not can_reattach(None, 5, partial, {"rollout", "reward"})
+    # killed after step 4's sync committed, before its metrics row: the workers already hold version 4
+    synced = {s: {} for s in ("rollout", "reward", "advantage", "train", "sync")}
+    datasets = {"rollout", "reward", "advantage"}
+    assert reattach_version(4, synced, datasets) == 4 and can_reattach(at(4), 4, synced, datasets)
+    # the step's rollout lost its marker: it must be generated again by version 3, which these workers no longer hold
+    assert not can_reattach(at(4), 4, synced, {"reward", "advantage"})
+    trained_not_synced = LiveVersions(trained_step=4, policy_version=3, rollout_version=3)
+    assert not can_reattach(trained_not_synced, 4, {s: {} for s in ("rollout", "reward", "advantage", "train")},
+                            {"rollout", "reward", "advantage"})
+
+
+def test_the_restored_checkpoint_is_the_newest_kept_before_the_step():
+    steps = {"2": {"checkpoint": {"kept": False}}, "4": {"checkpoint": {"kept": True}},
+             "6": {"checkpoint": {"kept": True}}}
+    assert restore_step(7, steps) == 6
+    assert restore_step(6, steps) == 4  # step 6 is to be redone: its own checkpoint is not before it
+    assert restore_step(4, steps) == 0  # checkpoint 2 was rotated away

@@ -33,7 +33,7 @@ def train(name: str, store_root: str, *flags: str) -> tuple[list[float], float]:
     cfg = parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--store.root", store_root, *flags])
     start = time.perf_counter()
     result = rl_train(cfg, run_id=name)
-    return reward_curve(result["run_dir"], result["num_steps"]), time.perf_counter() - start
+    return reward_curve(result.run_dir, result.num_steps), time.perf_counter() - start
 
 
 def gain(curve: list[float]) -> float:

@@ -75,7 +75,8 @@ def retry_policy(stage: Stage, stage_retries: int, retry_delay_s: float) -> Retr
 
 
 def generating_version(step: int) -> int:
-    """The policy version is the number of completed syncs: step k generates (and scores its advantages) with k − 1."""
+    """The policy version is the number of completed syncs: step k generates, and computes its advantages, with
+    version k − 1."""
     return step - 1
 
 

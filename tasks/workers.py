@@ -51,7 +51,8 @@ def call(run: RunRef, role: str, method: str, *args, stage: str | None = None, s
         return ray.get(getattr(worker, method).remote(*args, **kwargs), timeout=run.stage_timeout_s)
     except ray.exceptions.GetTimeoutError as err:
         raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: no answer within {run.stage_timeout_s:.0f}s "
-                              "(train.stage_timeout_s); the worker is hung or the stage needs a longer timeout") from err
+                              "(train.stage_timeout_s); the worker is hung or the stage needs a longer "
+                              "timeout") from err
     except ray.exceptions.RayActorError as err:
         raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: the actor died ({type(err).__name__}); resume "
                               "the run to recreate it from the newest checkpoint") from err

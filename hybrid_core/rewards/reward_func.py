@@ -58,7 +58,8 @@ def _as_floats(value, name: str, n: int, source: str, keys: list | None = None) 
     floats = [_as_float(v, i, name, source, keys) for i, v in enumerate(values)]
     bad = [i for i, v in enumerate(floats) if math.isnan(v) or math.isinf(v)]
     if bad:
-        raise RewardFunctionError(f"reward_func in {source} returned a non-finite {name[:-1]} {floats[bad[0]]} for sample "
+        raise RewardFunctionError(f"reward_func in {source} returned a non-finite {name[:-1]} {floats[bad[0]]} for "
+                                  f"sample "
                          f"{_sample_name(bad[0], keys)} ({len(bad)} of {n} samples); return finite numbers")
     return floats
 

@@ -50,7 +50,8 @@ def main(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
     engine = DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
     before = full_parameters(engine.module, zero_stage == 3)
     batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed)
-    stats = fit_actor(engine, samples(), ActorLossSettings(kl_coef=0.0), BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3))
+    plan = BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3)
+    stats = fit_actor(engine, samples(), ActorLossSettings(kl_coef=0.0), plan)
     after = full_parameters(engine.module, zero_stage == 3)
     if engine.rank == 0:
         deltas = {n: after[n] - before[n] for n in before}

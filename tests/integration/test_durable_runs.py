@@ -59,6 +59,11 @@ def assert_succeeds(proc: subprocess.Popen, log) -> None:
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
 
 
+# keeps a run alive (its rollout worker waits at step 2) while a second `hybrid train` of its run id starts and is
+# refused; the pause changes nothing the run computes
+HOLD_STEP_2 = "sleep25:2:rollout:start"
+
+
 def assert_refused_by_the_holder(rival: subprocess.Popen, log, holder_pid: int) -> None:
     """A second `hybrid train` on a held run directory exits 2 naming the live run's pid, without a traceback."""
     assert rival.wait(timeout=300) == 2, log.read_text()[-3000:]
@@ -70,8 +75,8 @@ def assert_refused_by_the_holder(rival: subprocess.Popen, log, holder_pid: int) 
 def test_same_seed_gives_the_same_bytes_and_a_second_run_of_its_id_is_refused(head, uninterrupted, tmp_path):
     # checkpoint rotation is not part of the data: keep 2 of the 3 checkpoints (steps 2, 4, 6) this time
     flags = [*MICRO, "--store.root", str(tmp_path), "--run_id", "again", "--ckpt.max_num", "2"]
-    proc = head.train(*flags, log=tmp_path / "again.log")
-    wait_for_event(tmp_path / "again", 1, "rollout", "commit", proc)
+    proc = head.train(*flags, log=tmp_path / "again.log", faults=HOLD_STEP_2)
+    wait_for_event(tmp_path / "again", 2, "rollout", "fault", proc)
     rival = head.train(*flags, log=tmp_path / "rival.log")
     assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
     assert_succeeds(proc, tmp_path / "again.log")
@@ -173,11 +178,11 @@ def test_a_killed_worker_is_recreated_on_resume(role_class, step, stage, head, u
 def test_on_s3_a_second_run_is_refused_and_a_killed_driver_resumes(head, uninterrupted, s3, tmp_path):
     fs, run_dir = s3.filesystem(), "s3://runs-bucket/fault/s3-killed"
     flags = [*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed"]
-    proc = head.train(*flags, log=tmp_path / "s3.log")
-    wait_for_event(run_dir, 2, "rollout", "start", proc, fs=fs)
+    proc = head.train(*flags, log=tmp_path / "s3.log", faults=f"{HOLD_STEP_2},sleep8:4:train:start")
+    wait_for_event(run_dir, 2, "rollout", "fault", proc, fs=fs)
     rival = head.train(*flags, log=tmp_path / "rival.log")
     assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
-    wait_for_event(run_dir, 4, "train", "start", proc, fs=fs)
+    wait_for_event(run_dir, 4, "train", "fault", proc, fs=fs)
     kill_driver(proc)
     # the lease object stays behind; its holder was on this host and is gone, so the resume takes it over at once
     assert fs.exists("runs-bucket/fault/s3-killed/_lease.json")

@@ -18,8 +18,8 @@ FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64
 def engine(tiny_model):
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
-    return VllmRolloutEngine(EngineSettings(model_path=str(tiny_model), param_dtype="fp32", gpu_memory_utilization=0.1, seed=0,
-                                            enforce_eager=True, max_model_len=64))
+    return VllmRolloutEngine(EngineSettings(model_path=str(tiny_model), param_dtype="fp32",
+                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True, max_model_len=64))
 
 
 def responses(engine, prompts, seed_per_prompt: bool, step: int = 1) -> dict[tuple[int, int], list[int]]:

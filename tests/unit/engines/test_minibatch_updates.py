@@ -77,7 +77,8 @@ def _check_same_update(make_model, fit):
     fixed, fixed_engine, fixed_stats = _update(make_model, fit, MicroBatching(num_samples=2))
     assert fixed_engine.boundaries == [False, False, False, True]
     for is_packed in (False, True):
-        gradients, engine, stats = _update(make_model, fit, MicroBatching(num_samples=2, max_tokens=BUDGET, is_packed=is_packed))
+        batching = MicroBatching(num_samples=2, max_tokens=BUDGET, is_packed=is_packed)
+        gradients, engine, stats = _update(make_model, fit, batching)
         assert engine.boundaries == [False] * (len(engine.boundaries) - 1) + [True]  # one optimizer step
         assert [n for *_, n in engine.micro_batches] != [2, 2, 2, 2]  # the budget, not micro_batch_size, cut it
         for rows, length, _ in engine.micro_batches:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hybrid_core.data.prompts import Prompt
-from hybrid_core.engines.rollout_step import PromptFormat, derive_seed, tokenize_prompts
+from hybrid_core.engines.rollout_step import PromptFormat, tokenize_prompts
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
 
@@ -33,25 +33,6 @@ def test_importing_the_module_does_not_import_vllm():
     check = "import sys, hybrid_core.engines.rollout_step; assert 'vllm' not in sys.modules, 'vllm imported'"
     done = subprocess.run([sys.executable, "-c", check], cwd=TINY_MODEL.parents[1], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-
-
-def test_derive_seed_pinned_values():
-    # sha256("0/1/2")[:4] = f1 90 06 05 → little-endian 0x050690f1 = 84316401 (top bit already clear)
-    assert derive_seed(0, 1, 2) == 84316401
-    # sha256("7/3/5")[:4] = 47 9b 94 1b → 0x1b949b47 = 462723911
-    assert derive_seed(7, 3, 5) == 462723911
-    # sha256("1/1/0")[:4] = fe a1 d7 ff → 0xffd7a1fe = 4292321790; & 0x7fffffff → 0x7fd7a1fe = 2144838142
-    assert derive_seed(1, 1, 0) == 2144838142
-
-
-def test_derive_seed_is_stable_distinct_and_31_bit():
-    triples = [(seed, step, index) for seed in (0, 1, 42) for step in range(1, 11) for index in range(50)]
-    seeds = [derive_seed(*t) for t in triples]
-    assert seeds == [derive_seed(*t) for t in triples]  # same inputs, same seeds (retries regenerate alike)
-    assert len(set(seeds)) == len(triples)  # 1500 draws from 2^31: a collision has probability ~5e-4
-    assert all(0 <= s < 2 ** 31 for s in seeds)
-    # the separator keeps digit runs apart: "1/23/4" is not "12/3/4"
-    assert derive_seed(1, 23, 4) != derive_seed(12, 3, 4)
 
 
 def test_tokenizer_is_one_token_per_character(tokenizer):
@@ -82,7 +63,8 @@ def test_chat_template_special_tokens_are_single_tokens(tokenizer):
     # <|im_start|> = 1, <|im_end|> = 2; 23 tokens in all, under the budget of 84
     assert ids == [[1] + _ids("user\nhi") + [2] + _ids("\n") + [1] + _ids("assistant\n")]
     # max_len 20 − 16 = 4: the generation header's last four characters survive
-    _, cut = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], PromptFormat(apply_chat_template=True, input_template=None, max_len=20), max_new_tokens=16)
+    fmt = PromptFormat(apply_chat_template=True, input_template=None, max_len=20)
+    _, cut = tokenize_prompts(tokenizer, [Prompt(0, "hi", "")], fmt, max_new_tokens=16)
     assert cut == [_ids("ant\n")]
 
 

@@ -148,6 +148,9 @@ class LoraConfig(ConfigBlock):
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
 
 
+LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
+
+
 class DsConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix"})

@@ -16,10 +16,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hybrid_core.config import RunConfig, changed_fields, leaf_values
+from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
-LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
     """Dotted paths of every field whose behaviour exists, from each block's `IMPLEMENTED`."""

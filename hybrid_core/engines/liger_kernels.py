@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 
-from hybrid_core.plan import LIGER_INSTALL_HINT
+from hybrid_core.config import LIGER_INSTALL_HINT
 
 # the kernels applied; the two cross-entropy replacements are off (they would replace the model's forward)
 LIGER_PATCHES = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,

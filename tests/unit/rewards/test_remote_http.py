@@ -1,4 +1,5 @@
-"""Remote reward servers over real HTTP on loopback: protocol, splitting across URLs, back-off and failures."""
+"""Remote reward servers over real HTTP on loopback: protocol, splitting across URLs, back-off and failures; and
+the reward sources (a server or a file) that the reward stage scores through."""
 from __future__ import annotations
 
 import json
@@ -93,3 +94,41 @@ def test_client_errors_are_not_retried(no_sleep):
     finally:
         server.close()
     assert len(server.requests) == 1 and no_sleep == []
+
+
+def test_both_kinds_of_reward_source_score_through_the_same_checks(tmp_path):
+    """`reward.remote_url` names the source: a reward server or a file; the reward stage cannot tell them apart."""
+    from hybrid_core.rewards.reward_func import RewardFunctionError
+    from hybrid_core.rewards.sources import RewardSourceSpec, open_reward_source
+
+    server = RewardServer()
+    file = tmp_path / "lengths.py"
+    file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
+                    "    return {'rewards': [len(q) / 10 for q in queries]}\n")
+    try:
+        for url in (server.url, str(file)):
+            source = open_reward_source(RewardSourceSpec(remote_url=url, timeout_s=5.0, max_retries=0))
+            batch = source.score(["ab", "abcd"], ["", ""], ["", ""], [(0, 0), (0, 1)])
+            assert source.name == url and batch.rewards == [0.2, 0.4] and batch.scores == [0.2, 0.4]
+    finally:
+        server.close()
+    file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    return {'rewards': 'xxxx'}\n")
+    source = open_reward_source(RewardSourceSpec(remote_url=str(file), timeout_s=5.0, max_retries=0))
+    with pytest.raises(RewardFunctionError, match=r"reward_func in .*lengths\.py returned 4 rewards for 2 samples"):
+        source.score(["ab", "abcd"], ["", ""], ["", ""], [(0, 0), (0, 1)])
+
+
+def test_a_refused_request_is_permanent_and_a_dead_server_is_not(no_sleep):
+    from hybrid_core.rewards.remote_http import RewardRequestRefused
+    from hybrid_core.types import PermanentError
+
+    server = RewardServer(fail_first=1, status=400)
+    try:
+        with pytest.raises(RewardRequestRefused) as err:
+            post_json(server.url, {"query": ["a"]}, timeout_s=5.0, max_retries=3)
+        assert isinstance(err.value, PermanentError) and no_sleep == []  # not retried here, nor by Prefect
+    finally:
+        server.close()
+    with pytest.raises(RuntimeError, match="failed 2 times") as err:
+        post_json("http://127.0.0.1:9/get_reward", {"query": ["a"]}, timeout_s=1.0, max_retries=1)
+    assert not isinstance(err.value, PermanentError)

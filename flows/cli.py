@@ -95,27 +95,58 @@ def _tmp_yaml() -> str:
     return str(Path(tempfile.gettempdir()) / f"hybrid-resume-{os.getpid()}.yaml")
 
 
-def train_command(argv: list[str]) -> int:
-    from hybrid_core.plan import count_gpus, gpu_memory_gib, preflight_problems
+def _take_wandb_key(argv: list[str]) -> list[str]:
+    """`--logger.wandb.key KEY` (the seed's flag) moves the key into WANDB_API_KEY of this process, which the run's
+    processes inherit; only `offline` stays a flag. The key is never part of the configuration."""
+    key, rest = _take(argv, "--logger.wandb.key")
+    if key is None or key.lower() in ("offline", "none", "null"):
+        return argv
+    os.environ["WANDB_API_KEY"] = key
+    return rest
 
+
+def _train_config(argv: list[str]):
+    """(config, run id, is_resume, error) of `hybrid train ARGS`."""
+    from flows.run_names import default_run_id
+
+    argv = _take_wandb_key(argv)
     run_id, argv = _take(argv, "--run_id")
     resume_dir, argv = _take(argv, "--resume")
     if resume_dir:
-        run_id = resume_dir.rstrip("/").rsplit("/", 1)[-1]
         cfg, error = _resume_config(resume_dir, argv)
-    else:
-        cfg, error = _parse(argv)
+        return cfg, resume_dir.rstrip("/").rsplit("/", 1)[-1], True, error
+    cfg, error = _parse(argv)
+    return cfg, run_id or (default_run_id(cfg) if cfg else None), False, error
+
+
+def train_command(argv: list[str]) -> int:
+    from hybrid_core.plan import count_gpus, gpu_memory_gib
+    from hybrid_core.preflight import refusal, run_problems
+    from hybrid_core.types import run_dir_of
+
+    cfg, run_id, is_resume, error = _train_config(argv)
     if error:
         return _fail(error)
-    problems = preflight_problems(cfg, count_gpus(), gpu_memory_gib())
+    # on a Ray cluster the flow counts the cluster's GPUs; a Secret block's store credentials load in the flow
+    num_gpus = None if os.environ.get("RAY_ADDRESS") else count_gpus()
+    problems = run_problems(cfg, run_dir_of(cfg.store.root, run_id), num_gpus, gpu_memory_gib(),
+                            must_exist=is_resume, can_reach_store=not cfg.store.credentials_block)
     if problems:
-        return _fail("hybrid train cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
+        return _fail(refusal(problems))
+    return _run_flow(cfg, run_id, is_resume)
+
+
+def _run_flow(cfg, run_id: str, is_resume: bool) -> int:
+    """The `rl-train` flow, on Prefect's embedded server unless PREFECT_API_URL names one (the embedded server
+    does not outlive this process, however it ends)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.embedded_server import embedded_api
     from flows.rl_train import rl_train
     from hybrid_core.types import PermanentError
 
     try:
-        result = rl_train(cfg, run_id=run_id, resume=bool(resume_dir))
+        with embedded_api():
+            result = rl_train(cfg, run_id=run_id, resume=is_resume)
     except PermanentError as err:  # the run cannot go on as it is: say why and what to do, without a traceback
         return _fail(f"hybrid train stopped: {err}")
     print(f"run data: {result.run_dir}")

@@ -1,9 +1,11 @@
-"""Object-store credentials from a Prefect Secret block (`--store.credentials_block NAME`).
+"""Secrets from Prefect Secret blocks: object-store credentials (`--store.credentials_block NAME`) and the W&B API
+key (`--logger.wandb.secret_block NAME`).
 
 The block's value is JSON with `aws_access_key_id`, `aws_secret_access_key` and optionally `aws_session_token`,
 `region_name`, `endpoint_url`. They are put into this flow process's environment as the AWS_* variables that s3fs
-reads, and the workers receive them through their Ray runtime env: they never enter flow parameters, logs, the
-manifest or Parquet metadata.
+reads, and the workers receive them as a constructor argument (not through Ray's runtime env, which Ray's agent
+logs in plain text): they never enter flow parameters, logs, the manifest or Parquet metadata. The W&B key becomes
+WANDB_API_KEY the same way.
 """
 from __future__ import annotations
 
@@ -28,3 +30,12 @@ def export_store_credentials(block_name: str) -> list[str]:
     for key, val in fields.items():
         os.environ[ENV_NAMES[key]] = str(val)
     return [ENV_NAMES[key] for key in fields]
+
+
+def export_wandb_key(block_name: str) -> str:
+    """Load the W&B API key from the Secret block into WANDB_API_KEY; returns the variable's name (never the key)."""
+    value = Secret.load(block_name).get()
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"logger.wandb.secret_block {block_name!r} must hold the W&B API key as a string")
+    os.environ["WANDB_API_KEY"] = value.strip()
+    return "WANDB_API_KEY"

@@ -3,24 +3,19 @@ run the remaining steps as subflows, export the final policy, stop the workers."
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
 from prefect import flow, get_client
 from prefect.runtime import flow_run
 
-from flows.credentials import export_store_credentials
+from flows.credentials import export_store_credentials, export_wandb_key
 from flows.reporting import RunReport
 from flows.rl_step import rl_step
+from flows.run_names import default_run_id
 from hybrid_core.config import RunConfig
 from hybrid_core.types import RunRef, RunSummary, WorkersStarted
 from tasks.stages import committed_rows, samples
-from tasks.workers import RunDirectoryLease, hold_run_dir, open_run, run_ref, save_model, start_workers, stop_workers
-
-
-def default_run_id(cfg: RunConfig) -> str:
-    name = Path(cfg.actor.model_name_or_path or "run").name.lower().replace("_", "-")
-    return f"{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+from tasks.workers import (RunDirectoryLease, hold_run_dir, open_run, preflight, run_ref, save_model, start_workers,
+                           stop_workers)
 
 
 def tag_flow_run(tag: str) -> None:
@@ -49,6 +44,10 @@ def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) ->
     if cfg.store.credentials_block:
         print(f"store credentials from Secret block {cfg.store.credentials_block!r}: "
               f"{', '.join(export_store_credentials(cfg.store.credentials_block))}")
+    if cfg.logger.wandb.secret_block:
+        print(f"W&B key from Secret block {cfg.logger.wandb.secret_block!r}: "
+              f"{export_wandb_key(cfg.logger.wandb.secret_block)}")
+    preflight(cfg, run, must_exist=resume)
     with hold_run_dir(run) as lease:
         open_run(cfg, run, must_exist=resume)
         tag_flow_run(f"run:{run.run_id}")

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 
-
 class ConfigError(ValueError):
     """A configuration with one or more problems; `problems` holds one message per line."""
     def __init__(self, problems: list[str]):
@@ -22,12 +21,9 @@ class ConfigError(ValueError):
 
 
 class ConfigBlock(BaseModel):
-    """Base of every config model: immutable, and unknown keys are errors rather than silently dropped.
-
-    Each block declares, beside its fields, which of them have behaviour (`IMPLEMENTED`; a set flag outside it is
-    refused by `hybrid train`) and, for choice fields where only some values work yet, which values
-    (`IMPLEMENTED_VALUES`).
-    """
+    """Base of every config model: immutable, unknown keys are errors. Each block declares beside its fields which
+    have behaviour (`IMPLEMENTED`: `hybrid train` refuses any other set flag) and which values of a choice field
+    work yet (`IMPLEMENTED_VALUES`)."""
     model_config = ConfigDict(frozen=True, extra="forbid")
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
     IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {}
@@ -302,8 +298,10 @@ class CkptConfig(ConfigBlock):
 
 
 class WandbConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"key", "org", "group", "project", "run_name"})
-    key: str | None = Field(None, description="W&B API key (enables W&B)")
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"key", "secret_block", "org", "group", "project", "run_name"})
+    key: str | None = Field(None, description="`offline` keeps W&B local; an API key is accepted only on the hybrid "
+                            "train command line, which moves it into WANDB_API_KEY (a key here would be stored)")
+    secret_block: str | None = Field(None, description="PROJECT: Prefect Secret block holding the W&B API key")
     org: str | None = Field(None, description="W&B entity")
     group: str | None = Field(None, description="W&B group")
     project: str = Field("openrlhf_train_ppo", description="W&B project")

@@ -15,7 +15,18 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
-            *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg)]
+            *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg)]
+
+
+def _secret_problems(cfg: RunConfig) -> list[str]:
+    """A W&B key in the configuration would be stored with it (config.yaml, the manifest, Prefect's database)."""
+    key = cfg.logger.wandb.key
+    if key is None or key == "offline":
+        return []
+    return [f"logger.wandb.key holds an API key ({len(key)} characters, not shown): in a config file or a flow "
+            "parameter it would be stored with the run's configuration; give it as --logger.wandb.key on the hybrid "
+            "train command line (moved into WANDB_API_KEY), set WANDB_API_KEY in the run's environment, or name a "
+            "Prefect Secret block with --logger.wandb.secret_block"]
 
 
 def _sleep_problems(cfg: RunConfig) -> list[str]:

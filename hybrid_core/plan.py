@@ -221,19 +221,20 @@ def _memory_lines(cfg: RunConfig, gpu_total_gib: float, is_gpu_assumed: bool) ->
             + [f"  {line}" for line in render_memory(plan)])
 
 
-def preflight_problems(cfg: RunConfig, num_gpus_found: int, gpu_total_gib: float | None = None) -> list[str]:
+def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib: float | None = None) -> list[str]:
     """Why `hybrid train` must not start: unimplemented flags, missing hardware and, on GPUs, a memory estimate
     over the GPU's size (empty when it may).
 
     Args:
-        num_gpus_found: GPUs visible to the caller (it imports torch or asks Ray; this module does neither).
+        num_gpus_found: GPUs visible to the caller (it asks nvidia-smi or Ray; this module does neither); None skips
+            the count (the flow counts the Ray cluster's GPUs itself).
         gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
     problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
         + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
-    if num_gpus > num_gpus_found:
+    if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
                         "or lower --actor.num_gpus_per_node and --vllm.num_engines")
     return problems

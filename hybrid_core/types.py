@@ -16,6 +16,11 @@ class PermanentError(Exception):
     a damaged or altered run store, a replay that does not reproduce. Prefect does not retry these."""
 
 
+def run_dir_of(store_root: str, run_id: str) -> str:
+    """`<store.root>/<run_id>`: where a run's data lives."""
+    return f"{store_root.rstrip('/')}/{run_id}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunRef:
     """Names a run: where its data lives, how its Ray actors are called, and the run's stage settings."""
@@ -34,7 +39,7 @@ class RunRef:
 
     @property
     def run_dir(self) -> str:
-        return f"{self.store_root.rstrip('/')}/{self.run_id}"
+        return run_dir_of(self.store_root, self.run_id)
 
     def is_checkpoint_due(self, step: int) -> bool:
         return is_checkpoint_due(step, self.save_steps)

@@ -9,6 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from hybrid_core.config import RunConfig
+from hybrid_core.plan import count_gpus, gpu_memory_gib
+from hybrid_core.preflight import PreflightError, run_problems
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import launch, placement
 from hybrid_core.workers.rank_group import RankFailure
@@ -80,6 +82,17 @@ class RunDirectoryLease:
 
 def hold_run_dir(run: RunRef) -> RunDirectoryLease:
     return RunDirectoryLease(run)
+
+
+@task(name="preflight", cache_policy=NO_CACHE, timeout_seconds=300)
+def preflight(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> None:
+    """Every check `hybrid train` makes before it starts anything, so every entry point refuses the same problems:
+    the flow run fails here, before any worker, listing them all."""
+    num_gpus = placement.cluster_gpus()  # a Ray cluster's GPUs, else this machine's
+    problems = run_problems(cfg, run.run_dir, count_gpus() if num_gpus is None else num_gpus, gpu_memory_gib(),
+                            must_exist=must_exist)
+    if problems:
+        raise PreflightError(problems)
 
 
 @task(name="open-run", cache_policy=NO_CACHE, timeout_seconds=300)

@@ -1,7 +1,9 @@
 """Where a step's metrics row goes besides the store: TensorBoard event files and Weights & Biases.
 
-Owns the two writers (`--logger.tensorboard_dir`; `--logger.wandb.*`, offline unless a key is given) and their
-`train/`-prefixed keys with the step as x-axis, as OpenRLHF logs them. It knows nothing about how metrics are made.
+Owns the two writers (`--logger.tensorboard_dir`; W&B, online when WANDB_API_KEY is in the process's environment,
+local files with `--logger.wandb.key offline`) and their `train/`-prefixed keys with the step as x-axis, as OpenRLHF
+logs them. The API key never passes through here: W&B reads it from the environment. It knows nothing about how
+metrics are made.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ class SinkSettings:
     run_id: str
     tensorboard_dir: str | None = None
     wandb_project: str | None = None  # None: W&B off
-    wandb_key: str | None = None      # None: offline mode (files under wandb_dir)
+    wandb_mode: str | None = None     # "offline": files under wandb_dir; None: W&B's own (WANDB_MODE, else online)
     wandb_org: str | None = None
     wandb_group: str | None = None
     wandb_run_name: str | None = None
@@ -52,8 +54,6 @@ class MetricSinks:
 def _start_wandb(s: SinkSettings):
     import wandb
 
-    if s.wandb_key:
-        wandb.login(key=s.wandb_key, relogin=True)  # the key never goes into the run's config or logs
     return wandb.init(project=s.wandb_project, entity=s.wandb_org, group=s.wandb_group,
                       name=s.wandb_run_name or s.run_id, id=s.run_id, dir=s.wandb_dir, resume="allow",
-                      mode="online" if s.wandb_key else "offline", reinit="finish_previous")
+                      mode=s.wandb_mode, reinit="finish_previous")

@@ -45,8 +45,12 @@ def load_prompt_rows(dataset: str, input_key: str, label_key: str | None, split:
             raise ValueError(f"{flag} {key!r} is not a column of {dataset!r}: columns are {ds.column_names}")
     if max_samples is not None:
         ds = ds.select(range(min(max_samples, len(ds))))
-    labels = ds[label_key] if label_key else [""] * len(ds)
-    return [(str(x), "" if y is None else str(y)) for x, y in zip(ds[input_key], labels)]
+    inputs, labels = ds[input_key], ds[label_key] if label_key else [""] * len(ds)
+    empty = [i for i, x in enumerate(inputs) if x is None or (isinstance(x, str) and not x.strip())]
+    if empty:  # never train on the text "None"
+        raise ValueError(f"data.input_key {input_key!r} is missing or empty in {len(empty)} rows of {dataset!r} (row "
+                         f"{empty[0]} first); give every prompt a non-empty input")
+    return [(str(x), "" if y is None else str(y)) for x, y in zip(inputs, labels)]
 
 
 def format_prompt(text: str, tokenizer, apply_chat_template: bool, input_template: str | None) -> str:

@@ -14,7 +14,6 @@ import uuid
 
 import fsspec
 import pyarrow as pa
-import pyarrow.dataset as pds
 import pyarrow.parquet as pq
 
 from hybrid_core.step_contract import stages_after
@@ -88,6 +87,8 @@ class RolloutStore:
         return sorted(p for p in self.fs.ls(self.stage_path(step, stage), detail=False) if p.endswith(".parquet"))
 
     def read(self, step: int, stage: str) -> pa.Table:
+        import pyarrow.dataset as pds  # imports pandas: kept out of the preflight's path
+
         if not self.is_committed(step, stage):
             raise FileNotFoundError(f"stage {stage!r} of step {step} is not committed under {self.run_dir}")
         return pds.dataset(self._parts(step, stage), format="parquet", filesystem=self.fs).to_table()
@@ -231,3 +232,40 @@ def table_hash(table: pa.Table, drop=()) -> str:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()
+
+
+def _probe_local(root: str) -> None:
+    """Write and remove a file in `root`, or in its nearest existing parent when it does not exist yet (the store
+    root is created by the run, not by the check)."""
+    import os
+    import tempfile
+
+    existing = os.path.abspath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise NotADirectoryError(f"{existing} is a file")
+    with tempfile.NamedTemporaryFile(dir=existing, prefix=".hybrid-write-probe-"):
+        pass
+
+
+def store_root_problems(root: str, storage_options: dict | None = None) -> list[str]:
+    """Why runs cannot be written under `store.root` (empty when they can): a probe file is written and removed."""
+    options = dict(storage_options or {})
+    is_s3 = root.startswith(("s3://", "s3a://"))
+    if is_s3:  # fail in seconds, not after botocore's minute of retries
+        options.setdefault("config_kwargs", {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2}})
+        options.setdefault("skip_instance_cache", True)
+    try:
+        if not is_s3 and "://" not in root:
+            _probe_local(root)
+        else:
+            fs, path = fsspec.core.url_to_fs(f"{root.rstrip('/')}/.hybrid-write-probe-{uuid.uuid4().hex[:8]}",
+                                             **options)
+            fs.pipe_file(path, b"probe")
+            fs.rm(path)
+    except Exception as err:  # any failure of the filesystem or its client means the same: not writable
+        reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return [f"store.root is not writable: got {root!r} ({reason}); give a writable local directory or an "
+                "s3://bucket/prefix with credentials (AWS_* variables or --store.credentials_block)"]
+    return []

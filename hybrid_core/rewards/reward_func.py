@@ -3,17 +3,17 @@
 Owns the seed's interface contract (returns {"rewards", "scores", "extra_logs"}) and its validation: a function that
 raises, returns the wrong length, a wrong type or a NaN fails with a message naming the file and the sample. Such a
 failure is a `RewardFunctionError` (not retried) when calling again cannot help: bad output, or a raise that repeats
-on the failing sample alone. It knows nothing of Ray or the store.
+on the failing sample alone. `reward_file_problems` checks a file before a run starts, without running it. It knows
+nothing of Ray or the store.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-
-import torch
 
 from hybrid_core.types import PermanentError
 
@@ -44,11 +44,16 @@ def load_reward_func(path: str) -> Callable:
     return module.reward_func
 
 
+def _is_array(value) -> bool:
+    """A torch tensor or numpy array (told by duck typing, so checking a file needs neither imported)."""
+    return hasattr(value, "reshape") and hasattr(value, "tolist")
+
+
 def _as_floats(value, name: str, n: int, source: str, keys: list | None = None) -> list[float]:
-    if isinstance(value, torch.Tensor):
+    if _is_array(value):
         value = value.reshape(-1)
     try:
-        values = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+        values = value.tolist() if _is_array(value) else list(value)
     except TypeError:
         raise RewardFunctionError(f"reward_func in {source} returned {name} of type {type(value).__name__}; "
                                   f"return a tensor or list with one value per sample") from None
@@ -112,8 +117,50 @@ def score_samples(func: Callable, source: str, queries: list[str], prompts: list
 
 def _item(value, i: int):
     """extra_logs values may be per-sample sequences/tensors or one scalar for the batch."""
-    if isinstance(value, torch.Tensor):
-        return value.reshape(-1)[i].item() if value.numel() > 1 else value.item()
+    if _is_array(value):
+        flat = value.reshape(-1).tolist()
+        return flat[i] if len(flat) > 1 else flat[0]
     if isinstance(value, (list, tuple)):
         return value[i]
     return value
+
+
+def _binds_reward_func(tree: ast.Module) -> bool:
+    """A top-level `def reward_func`, `reward_func = …` or `from … import reward_func`."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "reward_func":
+            return True
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "reward_func" for t in node.targets):
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "reward_func" for a in node.names):
+            return True
+    return False
+
+
+def _missing_modules(tree: ast.Module) -> list[str]:
+    """Top-level imports of the file that are not installed (found without importing them)."""
+    names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and not node.level]
+    return sorted({name for name in names if importlib.util.find_spec(name.split(".")[0]) is None})
+
+
+def reward_file_problems(path: str) -> list[str]:
+    """Why `reward.remote_url FILE.py` cannot be loaded, found without running it (empty when it can): a syntax
+    error, no `reward_func`, or an import that is not installed."""
+    file = Path(path)
+    if not file.is_file():
+        return []  # a missing input is reported where every input's existence is checked
+    try:
+        tree = ast.parse(file.read_text(), filename=str(file))
+    except SyntaxError as err:
+        return [f"reward.remote_url {path!r} has a syntax error at line {err.lineno}: {err.msg}; fix the file"]
+    except (UnicodeDecodeError, ValueError) as err:
+        return [f"reward.remote_url {path!r} is not a Python source file: {err}"]
+    problems = []
+    if not _binds_reward_func(tree):
+        problems.append(f"reward.remote_url {path!r} defines no reward_func; add def reward_func(queries, prompts, "
+                        "labels, **kwargs) returning {'rewards': …}")
+    if missing := _missing_modules(tree):
+        problems.append(f"reward.remote_url {path!r} imports {', '.join(missing)}, which is not installed here; "
+                        "install it in the run's environment")
+    return problems

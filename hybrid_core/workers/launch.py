@@ -11,9 +11,10 @@ import ray
 
 from hybrid_core.config import RunConfig
 from hybrid_core.data.rollout_store import RolloutStore
-from hybrid_core.data.run_lease import LEASE, RunLease
+from hybrid_core.data.run_lease import RunLease
 from hybrid_core.engines.checkpoint import newest_checkpoint
 from hybrid_core.plan import role_bundles
+from hybrid_core.preflight import run_dir_problems
 from hybrid_core.step_contract import LiveVersions, can_reattach, first_incomplete_step, restore_step
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import placement
@@ -41,27 +42,14 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
     """Save the run's configuration on first use (manifest + config.yaml); on later use refuse a changed one.
     A directory with data but no manifest is refused, never overwritten. True when the run already existed;
     `must_exist` (a resume) refuses to start a new one."""
-    from hybrid_core.flags import config_differences, config_to_yaml
+    from hybrid_core.flags import config_to_yaml
 
+    if problems := run_dir_problems(cfg, run.run_dir, must_exist):
+        raise RunDirectoryError("\n".join(problems))
     store = RolloutStore(run.run_dir)
     manifest = store.manifest()
     if "config" in manifest:
-        if differing := config_differences(manifest["config"], cfg):
-            raise RunDirectoryError(f"run {run.run_id} was started with another configuration; refusing to resume: "
-                                    + "; ".join(differing) + ". Start a new --run_id or restore the saved values")
         return True
-    if store.exists("manifest.json"):
-        raise store.damaged("it holds no configuration")
-    if must_exist:
-        raise RunDirectoryError(f"resume: no run to resume at {run.run_dir} (no manifest.json); start it without "
-                                "--resume")
-    leftovers = sorted(p.rsplit("/", 1)[-1] for p in store.fs.ls(store.root, detail=False)) \
-        if store.fs.exists(store.root) else []
-    leftovers = [name for name in leftovers if name != LEASE]
-    if leftovers:
-        raise RunDirectoryError(f"{run.run_dir} holds {', '.join(leftovers)} but no manifest.json, so it is not a run "
-                                "that can be resumed, and it is never overwritten: restore its manifest.json, move "
-                                "the directory away, or choose another --run_id")
     store.write_json("manifest.json", manifest | {"config": cfg.model_dump(mode="json"), "run_id": run.run_id})
     store.fs.pipe_file(f"{store.root}/config.yaml", config_to_yaml(cfg).encode())
     return False
@@ -80,7 +68,7 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     num_steps = ray.get([e.info.remote() for e in engines], timeout=placement.READY_TIMEOUT_S)[0]["num_steps"]
     ranks = role_ranks(cfg)
     waits = _spawn_ranks(pg, ActorWorker, "actor", slots["actor"], ranks["actor"], run,
-                         actor_args(cfg, num_steps, run, extensions, faults))
+                         actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key()))
     if cfg.uses_ref:  # frozen replicas: no DeepSpeed group among them
         waits += [pg.spawn(RefWorker, "ref", _rank_slot(slots["ref"], rank), cfg.actor.model_name_or_path,
                            cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel,

@@ -34,7 +34,7 @@ def extensions_dir() -> str:
 
 def injected_faults() -> tuple[Fault, ...]:
     """Faults the fault tests inject (`HYBRID_FAULTS`, see `workers.faults`); none outside tests."""
-    return parse_faults(os.environ.get("HYBRID_FAULTS", ""))
+    return parse_faults(os.environ.get("HYBRID_FAULTS", ""), os.environ.get("HYBRID_FAULTS_RELEASE", ""))
 
 
 def connect(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
@@ -51,15 +51,46 @@ def connect(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
                  object_store_memory=256 * 2**20, **quiet)
 
 
+def cluster_gpus() -> int | None:
+    """The GPUs of the Ray cluster at RAY_ADDRESS (connecting to it), or None without one (a local Ray gets the
+    GPUs of this machine)."""
+    if not os.environ.get("RAY_ADDRESS"):
+        return None
+    connect()
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-# Object-store credentials travel from the driver to every worker (a cluster's workers do not share its environment).
-FORWARDED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION",
-                 "AWS_ENDPOINT_URL")
+# The object store's and W&B's settings travel from the driver to every worker through Ray's runtime env (a
+# cluster's workers do not share its environment). Secrets do not: Ray's runtime-env agent logs runtime envs in
+# plain text, so they go as a constructor argument each worker puts into its own environment first (`with_secrets`).
+FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL")
+SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY")
+
+
+def secrets() -> dict[str, str]:
+    """The secret variables of the driver's environment that its workers need."""
+    return {name: os.environ[name] for name in SECRET_ENV if name in os.environ}
+
+
+def with_secrets(cls):
+    """`cls` whose instances put `_secrets` into their process's environment before anything else runs (S3 clients
+    and W&B read them from there)."""
+    def __init__(self, *args, _secrets: dict[str, str], **kwargs):
+        os.environ.update(_secrets)
+        cls.__init__(self, *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__})
+
+
+def has_wandb_key() -> bool:
+    """W&B goes online when the run's processes have an API key (WANDB_API_KEY, or from a Secret block)."""
+    return bool(os.environ.get("WANDB_API_KEY"))
 # Trainer-side processes use a fixed number of CPU threads, so float reductions (and the run's bytes) do not depend
 # on how many threads the OS happened to offer; vLLM's CPU build binds its own threads.
 TRAINER_THREADS = "1"
@@ -119,10 +150,10 @@ class RunPlacement:
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
             {"num_cpus": 0, "num_gpus": slot.share}
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle_index)
-        return ray.remote(cls).options(name=name, namespace=self.run.namespace, lifetime="detached",
-                                       scheduling_strategy=strategy,
-                                       runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
-                                       **resources).remote(*args)
+        return ray.remote(with_secrets(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
+                                                     scheduling_strategy=strategy,
+                                                     runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
+                                                     **resources).remote(*args, _secrets=secrets())
 
     def remove(self) -> None:
         remove_placement_group(self.pg)

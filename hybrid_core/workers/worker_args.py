@@ -101,12 +101,14 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None, num_engines=num_engines(cfg), faults=faults)
 
 
-def sink_settings(cfg: RunConfig, run: RunRef) -> SinkSettings:
-    """TensorBoard with --logger.tensorboard_dir; W&B with --logger.wandb.key (the key `offline` keeps it local)."""
+def sink_settings(cfg: RunConfig, run: RunRef, has_wandb_key: bool) -> SinkSettings:
+    """TensorBoard with --logger.tensorboard_dir; W&B online when the run's processes have WANDB_API_KEY
+    (`has_wandb_key`), local files with --logger.wandb.key offline."""
     w = cfg.logger.wandb
+    is_offline = w.key == "offline"
     return SinkSettings(run_id=run.run_id, tensorboard_dir=cfg.logger.tensorboard_dir,
-                        wandb_project=w.project if w.key else None,
-                        wandb_key=None if w.key in (None, "offline") else w.key, wandb_org=w.org, wandb_group=w.group,
+                        wandb_project=w.project if is_offline or has_wandb_key else None,
+                        wandb_mode="offline" if is_offline else None, wandb_org=w.org, wandb_group=w.group,
                         wandb_run_name=w.run_name, wandb_dir=run.run_dir if "://" not in run.run_dir else None)
 
 
@@ -134,7 +136,8 @@ def is_correction(cfg: RunConfig) -> ISCorrection | None:
     return ISCorrection(kind=adv.is_correction_type, low=low, high=high)
 
 
-def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str, faults: tuple = ()) -> ActorWorkerArgs:
+def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str, faults: tuple = (),
+               has_wandb_key: bool = False) -> ActorWorkerArgs:
     rw = cfg.reward
     penalties = PenaltySettings(max_new_tokens=max_new_tokens(cfg), overlong_buffer_len=rw.overlong_buffer_len,
                                 overlong_penalty_factor=rw.overlong_penalty_factor,
@@ -145,7 +148,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         experience_batching=forward_batching(cfg), train_batching=train_batching(cfg),
         total_optimizer_steps=total_optimizer_steps(cfg, num_steps), sync_bucket_bytes=cfg.vllm.sync_bucket_mb * 2**20,
         roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, extensions_dir=extensions_dir,
-        sinks=sink_settings(cfg, run), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
+        sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, sync_transport=sync_transport(cfg), num_engines=num_engines(cfg),
         role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
 

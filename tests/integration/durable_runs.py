@@ -39,10 +39,12 @@ class RayHead:
             stderr=subprocess.DEVNULL, start_new_session=True)
         time.sleep(8)
 
-    def train(self, *args: str, log: Path, faults: str = "") -> subprocess.Popen:
-        """`hybrid train ARGS` against this head; `faults` is the run's HYBRID_FAULTS (see workers.faults)."""
+    def train(self, *args: str, log: Path, faults: str = "", release: Path | None = None) -> subprocess.Popen:
+        """`hybrid train ARGS` against this head; `faults` is the run's HYBRID_FAULTS and `release` the file a
+        `hold` fault waits for (see workers.faults)."""
         out = open(log, "w")
-        env = self.env | ({"HYBRID_FAULTS": faults} if faults else {})
+        env = self.env | ({"HYBRID_FAULTS": faults} if faults else {}) | \
+            ({"HYBRID_FAULTS_RELEASE": str(release)} if release else {})
         return subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *args], cwd=REPO_ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 

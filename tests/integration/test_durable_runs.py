@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from durable_runs import (MICRO, MotoServer, RayHead, assert_no_run_actors, events, fingerprint, kill_worker,
@@ -51,17 +53,29 @@ def uninterrupted(tmp_path_factory, tiny_model, s3):
 
 
 def kill_driver(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL `hybrid train`; its embedded Prefect server (a child process) must not outlive it."""
+    servers = [pid for pid in _children(proc.pid) if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert servers, "no embedded Prefect server found under hybrid train"
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    deadline = time.time() + 20
+    while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in servers):
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in servers), "the embedded Prefect server outlived its run"
+
+
+def _children(pid: int) -> list[int]:
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    return [int(child) for child, parent in zip(table[::2], table[1::2]) if int(parent) == pid]
 
 
 def assert_succeeds(proc: subprocess.Popen, log) -> None:
     assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
 
 
-# keeps a run alive (its rollout worker waits at step 2) while a second `hybrid train` of its run id starts and is
-# refused; the pause changes nothing the run computes
-HOLD_STEP_2 = "sleep25:2:rollout:start"
+# keeps a run alive (its rollout worker waits at step 2 until the test writes the release file) while a second
+# `hybrid train` of its run id starts and is refused; the pause changes nothing the run computes
+HOLD_STEP_2 = "hold:2:rollout:start"
 
 
 def assert_refused_by_the_holder(rival: subprocess.Popen, log, holder_pid: int) -> None:
@@ -75,10 +89,11 @@ def assert_refused_by_the_holder(rival: subprocess.Popen, log, holder_pid: int) 
 def test_same_seed_gives_the_same_bytes_and_a_second_run_of_its_id_is_refused(head, uninterrupted, tmp_path):
     # checkpoint rotation is not part of the data: keep 2 of the 3 checkpoints (steps 2, 4, 6) this time
     flags = [*MICRO, "--store.root", str(tmp_path), "--run_id", "again", "--ckpt.max_num", "2"]
-    proc = head.train(*flags, log=tmp_path / "again.log", faults=HOLD_STEP_2)
+    proc = head.train(*flags, log=tmp_path / "again.log", faults=HOLD_STEP_2, release=tmp_path / "go")
     wait_for_event(tmp_path / "again", 2, "rollout", "fault", proc)
     rival = head.train(*flags, log=tmp_path / "rival.log")
     assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
+    (tmp_path / "go").touch()
     assert_succeeds(proc, tmp_path / "again.log")
     first, second = fingerprint(uninterrupted), fingerprint(tmp_path / "again")
     assert (first.pop("checkpoints"), second.pop("checkpoints")) == ([2, 4, 6], [4, 6])
@@ -178,10 +193,12 @@ def test_a_killed_worker_is_recreated_on_resume(role_class, step, stage, head, u
 def test_on_s3_a_second_run_is_refused_and_a_killed_driver_resumes(head, uninterrupted, s3, tmp_path):
     fs, run_dir = s3.filesystem(), "s3://runs-bucket/fault/s3-killed"
     flags = [*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed"]
-    proc = head.train(*flags, log=tmp_path / "s3.log", faults=f"{HOLD_STEP_2},sleep8:4:train:start")
+    proc = head.train(*flags, log=tmp_path / "s3.log", faults=f"{HOLD_STEP_2},sleep8:4:train:start",
+                      release=tmp_path / "go")
     wait_for_event(run_dir, 2, "rollout", "fault", proc, fs=fs)
     rival = head.train(*flags, log=tmp_path / "rival.log")
     assert_refused_by_the_holder(rival, tmp_path / "rival.log", proc.pid)
+    (tmp_path / "go").touch()
     wait_for_event(run_dir, 4, "train", "fault", proc, fs=fs)
     kill_driver(proc)
     # the lease object stays behind; its holder was on this host and is gone, so the resume takes it over at once

@@ -1,5 +1,7 @@
 """Prefect operations against a real server: `prefect deploy --all`, `prefect deployment run 'rl-train/demo-cpu'
---watch` through a process worker, the UI's artifacts, and how bad parameters are refused."""
+--watch` through a process worker, the UI's artifacts, how bad parameters and bad inputs are refused (the preflight
+is the flow's first task: the same refusal as `hybrid train`, before any worker), the seed's deployment on the GPU
+pool refused with its reasons, the event trigger and the schedule."""
 from __future__ import annotations
 
 import json
@@ -33,18 +35,26 @@ def short_cfg(store_root: Path, **override) -> dict:
 def server(tmp_path_factory, tiny_model):
     srv = PrefectServer(tmp_path_factory.mktemp("prefect-home")).start()
     try:
-        assert srv.cli("work-pool", "create", "hybrid-cpu", "--type", "process").returncode == 0
+        for pool in ("hybrid-cpu", "hybrid-gpu"):
+            assert srv.cli("work-pool", "create", pool, "--type", "process").returncode == 0
         deployed = srv.run("-m", "flows.cli", "deploy")  # `hybrid deploy` = `prefect deploy --all` at the repo root
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         srv.start_worker("hybrid-cpu")
+        srv.start_worker("hybrid-gpu")  # on this CPU machine: the seed's run must be refused there
         yield srv
     finally:
         srv.stop()
 
 
-def run_deployment(srv: PrefectServer, cfg: dict, run_id: str):
-    params = json.dumps({"cfg": cfg, "run_id": run_id})
-    return srv.cli("deployment", "run", "rl-train/demo-cpu", "--params", params, "--watch", "--watch-timeout", "900")
+def run_deployment(srv: PrefectServer, cfg: dict | None, run_id: str, name: str = "demo-cpu"):
+    params = json.dumps(({"cfg": cfg} if cfg is not None else {}) | {"run_id": run_id})
+    return srv.cli("deployment", "run", f"rl-train/{name}", "--params", params, "--watch", "--watch-timeout", "900")
+
+
+def flow_run_logs(srv: PrefectServer, result) -> str:
+    output = result.stdout + result.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", output).group(1)
+    return output + srv.cli("flow-run", "logs", flow_run_id).stdout
 
 
 def read_artifacts(api_url: str, key: str) -> list[dict]:
@@ -114,3 +124,69 @@ def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
     assert starts.count((1, "rollout")) == 1  # committed before the failure: replayed, not generated again
     assert (1, "rollout", "replay") in {(e["step"], e["stage"], e["event"]) for e in events}
     assert (tmp_path / "retried" / "steps" / "2" / "metrics" / "_SUCCESS").is_file()
+
+
+def _bad_inputs(tmp_path: Path, case: str) -> dict:
+    if case == "a dataset smaller than a step":
+        small = tmp_path / "small.jsonl"
+        small.write_text("".join(json.dumps({"input": f"p{i}", "label": "a"}) + "\n" for i in range(3)))
+        return short_cfg(tmp_path, data={"prompt_dataset": str(small)}, rollout={"batch_size": 4})
+    if case == "a reward file with a syntax error":
+        (tmp_path / "broken.py").write_text("def reward_func(queries:\n")
+        return short_cfg(tmp_path, reward={"remote_url": str(tmp_path / "broken.py")})
+    return short_cfg(tmp_path, store={"root": "/proc/nope"})
+
+
+@pytest.mark.parametrize("case", ["a dataset smaller than a step", "a reward file with a syntax error",
+                                  "an unwritable store"])
+def test_bad_inputs_fail_the_flow_run_with_the_refusal_of_hybrid_train_before_any_worker(case, server, tmp_path):
+    cfg = _bad_inputs(tmp_path, case)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    cli = server.run("-m", "flows.cli", "train", "--config", str(tmp_path / "cfg.yaml"), "--run_id", "bad-inputs")
+    assert cli.returncode == 2 and cli.stderr.startswith("hybrid train cannot start:"), cli.stderr
+    result = run_deployment(server, cfg, "bad-inputs")
+    assert result.returncode != 0
+    logs = flow_run_logs(server, result)
+    for line in cli.stderr.strip().splitlines():  # the same refusal, line by line
+        assert line.strip() in logs, line
+    assert "Task run 'preflight" in logs and "start-workers" not in logs  # refused by the first task
+    assert not (tmp_path / "bad-inputs").exists()
+
+
+def test_the_seed_deployment_is_refused_on_the_gpu_pool_with_its_reasons(server, tmp_path):
+    result = run_deployment(server, None, "seed-recipe", name="qwen3-4b-math-hybrid")
+    assert result.returncode != 0
+    logs = flow_run_logs(server, result)
+    for reason in ("hybrid train cannot start:", "flag not implemented yet: --ds.ring_attn_size",
+                   "actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B-Thinking-2507'", "needs 4 GPUs"):
+        assert reason in logs, reason
+
+
+def _deployment(server, name: str) -> dict:
+    with urllib.request.urlopen(f"{server.url}/deployments/name/rl-train/{name}", timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_the_schedule_is_registered_as_declared(server):
+    (schedule,) = _deployment(server, "qwen3-4b-math-hybrid")["schedules"]
+    assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"], schedule["active"]) == \
+        ("0 2 * * *", "UTC", False)
+
+
+def test_the_event_trigger_starts_the_demo(server):
+    import time
+
+    demo = _deployment(server, "demo-cpu")
+    emitted = server.cli("event", "emit", "hybrid.dataset.updated", "--resource-id", "hybrid.dataset.letters")
+    assert emitted.returncode == 0, emitted.stdout + emitted.stderr
+    body = json.dumps({"flow_runs": {"deployment_id": {"any_": [demo["id"]]}}}).encode()
+    deadline, runs = time.time() + 120, []
+    while time.time() < deadline and not runs:
+        request = urllib.request.Request(f"{server.url}/flow_runs/filter", data=body,
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            runs = [r for r in json.loads(response.read()) if r["parameters"].get("run_id") is None]
+        time.sleep(2)
+    assert runs, "the trigger started no run of demo-cpu"
+    assert runs[0]["parameters"]["cfg"]["rollout"]["batch_size"] == 16  # the demo's own parameter set
+    assert server.cli("flow-run", "cancel", runs[0]["id"]).returncode == 0

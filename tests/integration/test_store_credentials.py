@@ -1,5 +1,5 @@
 """A store on s3:// whose credentials come from a Prefect Secret block: the flow exports them to its process and
-the Ray workers receive them through their runtime env; the secret lands in no dataset, manifest or config file."""
+the Ray workers receive them as a constructor argument; the secret lands in no dataset, manifest or config file."""
 from __future__ import annotations
 
 import json

@@ -29,3 +29,16 @@ def test_a_fault_fires_once_at_its_point_and_is_logged_first():
     assert time.perf_counter() - started >= 0.2
     assert logged == [(2, "rollout", "fault", {"point": "written", "action": "raise"}),
                       (3, "train", "fault", {"point": "start", "action": "sleep0.2"})]
+
+
+def test_a_hold_waits_for_its_release_file(tmp_path):
+    import threading
+
+    with pytest.raises(ValueError, match="set HYBRID_FAULTS_RELEASE"):
+        parse_faults("hold:1:reward:start")
+    release = tmp_path / "go"
+    points = FaultPoints(parse_faults("hold:1:reward:start", str(release)))
+    threading.Timer(0.3, release.touch).start()
+    started = time.perf_counter()
+    points.reach(1, "reward", "start")
+    assert 0.3 <= time.perf_counter() - started < 5

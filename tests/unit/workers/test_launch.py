@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_core.data.rollout_store import ManifestError
 from hybrid_core.flags import parse_cli
 from hybrid_core.workers import worker_args
 from hybrid_core.engines.sequence_batch import MicroBatching
@@ -45,7 +44,8 @@ def test_data_without_a_manifest_is_refused_and_a_damaged_manifest_is_named(tmp_
     assert (tmp_path / "r2" / "config.yaml").read_text() == "old: run\n"
     (tmp_path / "r3").mkdir()
     (tmp_path / "r3" / "manifest.json").write_text('{"steps": {}}')  # no configuration in it
-    with pytest.raises(ManifestError, match="it holds no configuration"):
+    with pytest.raises(RunDirectoryError, match=r"manifest .*r3/manifest\.json is damaged: it holds no "
+                                                r"configuration"):
         open_run(cfg, run_ref(cfg, "r3"))
 
 

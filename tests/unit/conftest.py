@@ -1,4 +1,4 @@
-"""Fixtures of the store tests: a real S3-compatible server (moto's) on loopback, shared by the module's tests."""
+"""Fixtures of the unit tests: a real S3-compatible server (moto's) on loopback, shared by the session."""
 import socket
 import subprocess
 import sys

@@ -1,0 +1,100 @@
+"""Everything a run must pass before anything starts, as one list of problems: the plan's (unimplemented flags,
+placement, hardware, memory) and the inputs' (the prompt dataset, the reward file, the model directory, the store
+root, and the run directory: another configuration under an existing run id, a damaged manifest, data without one).
+
+`hybrid train` runs it before Ray or Prefect start, and the `rl-train` flow runs it again as its first task, so
+every entry point (CLI, deployment, `rl_train()`, a flow-run retry, `ray job submit`) refuses the same problems with
+the same message. Local checks take well under a second. It starts nothing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hybrid_core.config import RunConfig
+from hybrid_core.data.prompt_check import prompt_dataset_problems
+from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
+from hybrid_core.data.run_lease import LEASE
+from hybrid_core.plan import preflight_problems as plan_problems
+from hybrid_core.rewards.reward_func import reward_file_problems
+from hybrid_core.types import PermanentError
+
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+class PreflightError(PermanentError, ValueError):
+    """The run cannot start; `problems` holds one message per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(refusal(self.problems))
+
+
+def refusal(problems: list[str]) -> str:
+    """The one message every entry point shows."""
+    return "hybrid train cannot start:\n" + "\n".join(f"  - {problem}" for problem in problems)
+
+
+def model_problems(path: str | None) -> list[str]:
+    """A local model directory must hold a config.json and weights (its existence is the plan's to check)."""
+    model = Path(path) if path else None
+    if model is None or not model.is_dir():
+        return []
+    missing = [what for what, present in (("config.json", (model / "config.json").is_file()),
+                                          ("weights (*.safetensors or *.bin)",
+                                           any(next(model.glob(p), None) for p in WEIGHT_FILES))) if not present]
+    if not missing:
+        return []
+    return [f"actor.model_name_or_path {path!r} holds no {' and no '.join(missing)}; give a Hugging Face model "
+            "directory (save_pretrained output)"]
+
+
+def input_problems(cfg: RunConfig) -> list[str]:
+    """The local inputs can feed the run: dataset rows, the reward file, the model directory."""
+    d, url = cfg.data, cfg.reward.remote_url
+    problems = model_problems(cfg.actor.model_name_or_path)
+    if d.prompt_dataset and Path(d.prompt_dataset).exists():
+        problems += prompt_dataset_problems(d.prompt_dataset, d.input_key, d.label_key, cfg.rollout.batch_size,
+                                            d.max_samples, d.prompt_split)
+    if url and url.endswith(".py"):
+        problems += reward_file_problems(url)
+    return problems
+
+
+def run_dir_problems(cfg: RunConfig, run_dir: str, must_exist: bool = False) -> list[str]:
+    """The run directory can hold this run: an existing run was started with this configuration (the fields a
+    resume may change aside), its manifest reads, and a directory with data but no manifest is never reused."""
+    from hybrid_core.flags import config_differences
+
+    store = RolloutStore(run_dir)
+    try:
+        manifest = store.manifest()
+    except ManifestError as err:
+        return [str(err)]
+    run_id = run_dir.rstrip("/").rsplit("/", 1)[-1]
+    if "config" in manifest:
+        if differing := config_differences(manifest["config"], cfg):
+            return [f"run {run_id} was started with another configuration; refusing to resume: " + "; ".join(differing)
+                    + ". Start a new --run_id or restore the saved values"]
+        return []
+    if store.exists(MANIFEST):
+        return [str(store.damaged("it holds no configuration"))]
+    names = sorted(p.rsplit("/", 1)[-1] for p in store.fs.ls(store.root, detail=False)) \
+        if store.fs.exists(store.root) else []
+    if leftovers := [name for name in names if name != LEASE]:
+        return [f"{run_dir} holds {', '.join(leftovers)} but no manifest.json, so it is not a run that can be "
+                "resumed, and it is never overwritten: restore its manifest.json, move the directory away, or choose "
+                "another --run_id"]
+    if must_exist:
+        return [f"resume: no run to resume at {run_dir} (no manifest.json); start it without --resume"]
+    return []
+
+
+def run_problems(cfg: RunConfig, run_dir: str, num_gpus: int, gpu_total_gib: float | None,
+                 must_exist: bool = False, can_reach_store: bool = True) -> list[str]:
+    """Every reason this run cannot start (empty when it can). `can_reach_store` False skips the store's checks (its
+    credentials come from a Prefect Secret block that only the flow loads)."""
+    problems = plan_problems(cfg, num_gpus, gpu_total_gib) + input_problems(cfg)
+    if not can_reach_store:
+        return problems
+    store = store_root_problems(cfg.store.root)
+    return problems + (store or run_dir_problems(cfg, run_dir, must_exist))

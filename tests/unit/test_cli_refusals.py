@@ -1,0 +1,118 @@
+"""`hybrid train` refuses bad inputs before anything starts: one message naming each problem, exit 2, no
+traceback, in well under a second of its own (a subprocess, Python's start-up included), and nothing created."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+DEMO = str(REPO_ROOT / "data" / "demo.yaml")
+
+
+def hybrid_train(*args: str, env: dict | None = None) -> tuple[int, str, float]:
+    started = time.perf_counter()
+    base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", DEMO, *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, env=base | (env or {}))
+    return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - started
+
+
+def _write(path: Path, text: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name → (flags, a line of the expected refusal)."""
+    lines = [json.dumps({"input": f"p{i}", "label": "a"}) + "\n" for i in range(20)]
+    prompts = "".join(lines)
+    good_model = REPO_ROOT / "data" / "tiny-qwen3"
+    return {
+        "an empty dataset": (["--data.prompt_dataset", _write(tmp / "empty.jsonl", "")],
+                             "empty.jsonl' has 0 rows, fewer than rollout.batch_size 16"),
+        "a dataset smaller than a step": (["--data.prompt_dataset", _write(tmp / "small.jsonl", "".join(lines[:8]))],
+                                          "has 8 rows, fewer than rollout.batch_size 16: lower --rollout.batch_size"),
+        "malformed JSONL": (["--data.prompt_dataset", _write(tmp / "bad.jsonl", prompts + "{'input': 1}\n")],
+                            "bad.jsonl line 21 is not valid JSON"),
+        "a row without the input key": (
+            ["--data.prompt_dataset", _write(tmp / "holes.jsonl", prompts + '{"question": "q", "label": "a"}\n')],
+            "holes.jsonl line 21 has no 'input' (data.input_key): its keys are ['label', 'question']"),
+        "a reward file with a syntax error": (
+            ["--reward.remote_url", _write(tmp / "syntax.py", "def reward_func(queries:\n")],
+            "syntax.py' has a syntax error at line 1"),
+        "a reward file without reward_func": (
+            ["--reward.remote_url", _write(tmp / "other.py", "def score(q):\n    return 1\n")],
+            "other.py' defines no reward_func"),
+        "an empty model directory": (["--actor.model_name_or_path", str((tmp / "model").mkdir() or tmp / "model")],
+                                     "model' holds no config.json and no weights"),
+        "a store under /proc": (["--store.root", "/proc/nope"], "store.root is not writable: got '/proc/nope'"),
+        "a store that is a file": (["--store.root", _write(tmp / "a-file", "x") + "/runs"],
+                                   "a-file is a file"),
+        "a model that is not local": (["--actor.model_name_or_path", "Qwen/Qwen3-4B"],
+                                      "actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B'"),
+    } | {"a good model but no prompts": (["--actor.model_name_or_path", str(good_model), "--data.prompt_dataset",
+                                          str(tmp / "nowhere.jsonl")], "data.prompt_dataset does not exist")}
+
+
+CASES = ["an empty dataset", "a dataset smaller than a step", "malformed JSONL", "a row without the input key",
+         "a reward file with a syntax error", "a reward file without reward_func", "an empty model directory",
+         "a store under /proc", "a store that is a file", "a model that is not local", "a good model but no prompts"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_bad_input_is_refused_at_once_naming_it(case, tmp_path):
+    cases = _cases(tmp_path)
+    assert sorted(cases) == sorted(CASES)
+    flags, expected = cases[case]
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), *flags)
+    assert rc == 2, out
+    assert out.startswith("hybrid train cannot start:\n") and expected in out, out
+    assert "Traceback" not in out and seconds < 5
+    assert not (tmp_path / "runs").exists()  # nothing was created: no run directory, no Prefect, no Ray
+
+
+def test_every_problem_is_listed_in_one_message(tmp_path):
+    rc, out, _ = hybrid_train("--data.input_key", "prompt", "--reward.remote_url",
+                              _write(tmp_path / "r.py", "x = (\n"), "--store.root", "/proc/nope")
+    assert rc == 2 and out.count("hybrid train cannot start") == 1
+    assert [line.split(" ")[3] for line in out.splitlines()[1:]] == ["data.input_key", "reward.remote_url",
+                                                                     "store.root"], out
+
+
+def test_s3_without_credentials_is_refused_naming_the_store(moto_url, tmp_path):
+    env = {"AWS_ENDPOINT_URL": moto_url, "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null"}
+    rc, out, seconds = hybrid_train("--store.root", "s3://bucket/runs", env=env)
+    assert rc == 2 and "store.root is not writable: got 's3://bucket/runs' (NoCredentialsError" in out, out
+    assert seconds < 15
+
+
+def test_a_changed_configuration_under_an_existing_run_id_is_refused_naming_the_fields(tmp_path):
+    run = tmp_path / "runs" / "r1"
+    from hybrid_core.flags import parse_cli
+
+    saved = parse_cli(["--config", DEMO, "--store.root", str(tmp_path / "runs")])
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"config": saved.model_dump(mode="json"), "run_id": "r1",
+                                                   "steps": {}}))
+    rc, out, _ = hybrid_train("--store.root", str(tmp_path / "runs"), "--run_id", "r1", "--rollout.temperature",
+                              "0.5", "--train.max_steps", "30")
+    assert rc == 2, out
+    assert "run r1 was started with another configuration; refusing to resume: rollout.temperature: saved 1.0, now " \
+           "0.5. Start a new --run_id" in out and "max_steps" not in out
+
+
+def test_a_literal_wandb_key_in_a_config_file_is_refused_without_showing_it(tmp_path):
+    config = _write(tmp_path / "c.yaml", Path(DEMO).read_text() + "logger:\n  wandb:\n    key: abcd-SECRET-1234\n")
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", config], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "logger.wandb.key holds an API key (16 characters, not shown)" in proc.stderr
+    assert "SECRET" not in proc.stdout + proc.stderr

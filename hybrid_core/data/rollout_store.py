@@ -245,8 +245,11 @@ def _probe_local(root: str) -> None:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise NotADirectoryError(f"{existing} is a file")
-    with tempfile.NamedTemporaryFile(dir=existing, prefix=".hybrid-write-probe-"):
-        pass
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".hybrid-write-probe-"):
+            pass
+    except OSError as err:  # the probe's random name kept out of the message: every entry point says the same
+        raise type(err)(f"cannot create a file in {existing}: {err.strerror or err}") from None
 
 
 def store_root_problems(root: str, storage_options: dict | None = None) -> list[str]:

@@ -149,7 +149,7 @@ def test_bad_inputs_fail_the_flow_run_with_the_refusal_of_hybrid_train_before_an
     logs = flow_run_logs(server, result)
     for line in cli.stderr.strip().splitlines():  # the same refusal, line by line
         assert line.strip() in logs, line
-    assert "Task run 'preflight" in logs and "start-workers" not in logs  # refused by the first task
+    assert "start-workers" not in logs and "open-run" not in logs  # refused by the first task
     assert not (tmp_path / "bad-inputs").exists()
 
 

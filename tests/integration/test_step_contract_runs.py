@@ -96,7 +96,7 @@ def test_a_deleted_success_marker_regenerates_the_stage_and_those_after_it_and_a
 
 @pytest.mark.parametrize("damage", [b'{"steps": {"1": {"rollo', b""])
 def test_a_damaged_manifest_is_a_clear_error_everywhere(copied, damage, ray_session, prefect_server):
-    from hybrid_core.data.rollout_store import ManifestError
+    from hybrid_core.types import PermanentError
 
     (copied / "manifest.json").write_bytes(damage)
     for command in (["train", "--resume", str(copied)], ["rollouts", str(copied)]):
@@ -104,17 +104,17 @@ def test_a_damaged_manifest_is_a_clear_error_everywhere(copied, damage, ray_sess
                               text=True, timeout=180)
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "manifest.json is damaged" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    with pytest.raises(ManifestError, match=r"is damaged: .* restore it from a copy, or start a new --run_id"):
-        resume(copied)
+    with pytest.raises(PermanentError, match=r"is damaged: .* restore it from a copy, or start a new --run_id"):
+        resume(copied)  # refused by the flow's preflight, before the lease or any worker
 
 
 def test_a_directory_with_data_but_no_manifest_is_refused_and_left_as_it_was(copied, ray_session,
                                                                               prefect_server):
-    from hybrid_core.workers.launch import RunDirectoryError
+    from hybrid_core.types import PermanentError
 
     (copied / "manifest.json").unlink()
     before = directory_digest(copied)
-    with pytest.raises(RunDirectoryError, match=r"holds ckpt|holds config\.yaml.* but no manifest\.json.* never "
+    with pytest.raises(PermanentError, match=r"holds ckpt|holds config\.yaml.* but no manifest\.json.* never "
                                                 r"overwritten"):
         resume(copied, "--rollout.temperature", "0.5")  # another configuration under the same run id
     assert directory_digest(copied) == before

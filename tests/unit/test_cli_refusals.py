@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.unit.moto_fixtures import moto_url, s3_options  # noqa: F401  (pytest fixtures)
 
 DEMO = str(REPO_ROOT / "data" / "demo.yaml")
 

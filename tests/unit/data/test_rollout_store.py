@@ -12,6 +12,7 @@ import pytest
 
 from hybrid_core.data import rollout_store
 from hybrid_core.data.rollout_store import SUCCESS, RolloutStore, table_hash
+from tests.unit.moto_fixtures import moto_url, s3_options  # noqa: F401  (pytest fixtures)
 
 TABLE = pa.table({"prompt_index": [0, 0, 1], "reward": [1.0, 0.5, 0.0]})
 

@@ -1,4 +1,6 @@
-"""Fixtures of the unit tests: a real S3-compatible server (moto's) on loopback, shared by the session."""
+"""A real S3-compatible server (moto's) on loopback for the unit tests that need one, as pytest fixtures: import them
+into the test module (`from tests.unit.moto_fixtures import moto_url, s3_options`). Not a conftest.py: the integration
+tests import their conftest by the bare name `conftest`, which a second one would shadow."""
 import socket
 import subprocess
 import sys

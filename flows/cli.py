@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>.<flag> VALUE ...]
        hybrid train --resume RUN_DIR [--train.max_steps N] [--train.stage_timeout_s S] [--train.stage_retries N]
@@ -80,8 +79,7 @@ def _resume_config(run_dir: str, argv: list[str]):
     if saved is None or not store.exists("config.yaml"):
         return None, f"--resume refused: {store.damaged('it holds no configuration')}"
     parent = run_dir.rstrip("/").rsplit("/", 1)[0] if "/" in run_dir.rstrip("/") else "."
-    Path(_tmp_yaml()).write_bytes(store.fs.cat_file(f"{store.root}/config.yaml"))
-    cfg, error = _parse(["--config", _tmp_yaml(), *argv, "--store.root", parent])
+    cfg, error = _parse_saved(store.fs.cat_file(f"{store.root}/config.yaml"), [*argv, "--store.root", parent])
     if error:
         return None, error
     if differing := config_differences(saved | {"store": {"root": parent}}, cfg):
@@ -89,10 +87,14 @@ def _resume_config(run_dir: str, argv: list[str]):
     return cfg, None
 
 
-def _tmp_yaml() -> str:
+def _parse_saved(config_yaml: bytes, argv: list[str]):
+    """`_parse` of a run's saved config.yaml (written to a temporary file, removed after parsing) and ARGV."""
     import tempfile
 
-    return str(Path(tempfile.gettempdir()) / f"hybrid-resume-{os.getpid()}.yaml")
+    with tempfile.NamedTemporaryFile(prefix="hybrid-resume-", suffix=".yaml") as saved:
+        saved.write(config_yaml)
+        saved.flush()
+        return _parse(["--config", saved.name, *argv])
 
 
 def _take_wandb_key(argv: list[str]) -> list[str]:

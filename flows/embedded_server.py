@@ -1,22 +1,25 @@
 """Prefect's embedded API server for `hybrid train`, tied to the life of the process that started it.
 
 Prefect starts its temporary server as a child process and stops it at a normal exit, but a parent killed with
-SIGKILL leaves it running, orphaned, for as long as the machine lives. Here `hybrid train` starts that same server up
-front (Prefect's own `SubprocessASGIServer`) and a small watchdog process stops it as soon as `hybrid train` is
-gone, however it ended. With PREFECT_API_URL set (a real server) nothing is started.
+SIGKILL leaves it running, orphaned, for as long as the machine lives. Here `hybrid train` starts a small watchdog
+process first, then that same server (Prefect's own `SubprocessASGIServer`) with a marker in its environment; as
+soon as `hybrid train` is gone, however it ended (during the server's start-up included), the watchdog stops every
+Prefect server process carrying the marker. With PREFECT_API_URL set (a real server) nothing is started.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
+import uuid
 
 POLL_S = 0.5
 STOP_GRACE_S = 10.0
 STARTUP_TIMEOUT_S = 120  # Prefect's default (20 s) was too short on a busy 2-core machine
+MARKER_ENV = "HYBRID_EMBEDDED_SERVER"  # set in the server process's environment only: which watchdog owns it
+SERVER_APP = "prefect.server.api.server:create_app"
 
 
 def _alive(pid: int) -> bool:
@@ -39,11 +42,16 @@ def embedded_api():
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    server = SubprocessASGIServer()
-    server.start(timeout=STARTUP_TIMEOUT_S)
-    subprocess.Popen([sys.executable, "-m", "flows.embedded_server", str(os.getpid()), str(server.server_process.pid)],
+    marker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    subprocess.Popen([sys.executable, "-m", "flows.embedded_server", str(os.getpid()), marker],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
+    server = SubprocessASGIServer()
+    os.environ[MARKER_ENV] = marker  # inherited by the server process (and its restarts) only
+    try:
+        server.start(timeout=STARTUP_TIMEOUT_S)
+    finally:
+        os.environ.pop(MARKER_ENV, None)
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield server.api_url
@@ -51,19 +59,35 @@ def embedded_api():
         server.stop()
 
 
-def watch(parent_pid: int, server_pid: int) -> None:
-    """Wait for the parent to end; then stop the server if it still runs (SIGTERM, then SIGKILL)."""
-    while _alive(parent_pid) and _alive(server_pid):
+def _marked_servers(marker: str) -> list:
+    """The Prefect server processes whose environment carries `marker`."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if SERVER_APP in (proc.info["cmdline"] or []) and proc.environ().get(MARKER_ENV) == marker:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def watch(parent_pid: int, marker: str) -> None:
+    """Wait for the parent to end; then stop the servers it started, if they still run (SIGTERM, then SIGKILL)."""
+    import psutil
+
+    while _alive(parent_pid):
         time.sleep(POLL_S)
-    if not _alive(server_pid):
-        return
-    os.kill(server_pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while _alive(server_pid) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    if _alive(server_pid):
-        os.kill(server_pid, signal.SIGKILL)
+    servers = _marked_servers(marker)
+    for server in servers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            server.terminate()
+    _, alive = psutil.wait_procs(servers, timeout=STOP_GRACE_S)
+    for server in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            server.kill()
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), int(sys.argv[2]))
+    watch(int(sys.argv[1]), sys.argv[2])

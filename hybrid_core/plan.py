@@ -2,7 +2,8 @@
 
 Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
 of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is
-`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement groups.
+`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement
+groups.
 """
 from __future__ import annotations
 

@@ -127,11 +127,23 @@ class LiveVersions:
     rollout_version: int
 
 
+def _is_done(first_step_entries: dict, committed: set[str], *records: str) -> bool:
+    """The step's datasets are committed and so are `records` (e.g. its train record)."""
+    return {ROLLOUT.name, REWARD.name, ADVANTAGE.name} <= committed and set(records) <= set(first_step_entries)
+
+
 def reattach_version(first_step: int, entries: dict, committed: set[str]) -> int:
-    """The version live workers must hold to continue at `first_step`: that step's own when it already trained and
-    synced with all its datasets committed (a driver killed after the sync), else the step before's."""
-    synced = {ROLLOUT.name, REWARD.name, ADVANTAGE.name} <= committed and {TRAIN.name, SYNC.name} <= set(entries)
-    return synced_version(first_step) if synced else generating_version(first_step)
+    """The version the rollout engines (and the actor's record of them) must hold to continue at `first_step`: that
+    step's own when it already trained and synced with all its datasets committed (a driver killed after the sync),
+    else the step before's."""
+    is_synced = _is_done(entries, committed, TRAIN.name, SYNC.name)
+    return synced_version(first_step) if is_synced else generating_version(first_step)
+
+
+def reattach_trained_step(first_step: int, entries: dict, committed: set[str]) -> int:
+    """The step the live actor must have trained to continue at `first_step`: that step itself when its train record
+    is committed (a driver killed during or after its train: the actor finished it), else the step before."""
+    return first_step if _is_done(entries, committed, TRAIN.name) else generating_version(first_step)
 
 
 def can_reattach(live: LiveVersions | None, first_step: int, entries: dict, committed: set[str]) -> bool:
@@ -139,7 +151,8 @@ def can_reattach(live: LiveVersions | None, first_step: int, entries: dict, comm
     if live is None:
         return False
     wanted = reattach_version(first_step, entries, committed)
-    return live.trained_step == live.policy_version == live.rollout_version == wanted
+    is_trained = live.trained_step == reattach_trained_step(first_step, entries, committed)
+    return is_trained and live.policy_version == live.rollout_version == wanted
 
 
 def restore_step(first_step: int, steps: dict[str, dict]) -> int:

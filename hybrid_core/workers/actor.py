@@ -77,6 +77,8 @@ class ActorWorker:
     """Rank `rank` of the policy's data-parallel ranks; the tasks call rank 0, which leads the others
     (`rank_group`)."""
 
+    PRELOAD = ("deepspeed", "transformers")  # imported while the other workers start (placement.deferred)
+
     def __init__(self, run: RunRef, args: ActorWorkerArgs, rank: int = 0):
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
@@ -240,7 +242,7 @@ class ActorWorker:
     @stamped
     def write_metrics(self, step: int) -> MetricsRow:
         """Commit the step's metrics row, built from what the step committed (nothing from memory)."""
-        if entry := self.ledger.replay(step, METRICS.name):
+        if self.ledger.replay(step, METRICS.name):
             return MetricsRow(step=step, values=self._committed_row(step), replayed=True)
         self.ledger.begin(step, METRICS.name)
         tables = [self.store.read(step, s) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]

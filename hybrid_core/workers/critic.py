@@ -35,6 +35,8 @@ class CriticWorkerArgs:
 
 
 class CriticWorker:
+    PRELOAD = ("deepspeed", "transformers")  # imported while the other workers start (placement.deferred)
+
     def __init__(self, run: RunRef, args: CriticWorkerArgs, rank: int = 0):
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank

@@ -56,27 +56,29 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
 
 
 def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
-    """Create the run's actors (rollout first: it knows how many steps the data gives), wait until all are ready;
-    returns the run's number of steps."""
+    """Start every actor of the run at once (their processes import side by side), then build their engines: the
+    rollout engines first (they know how many steps the data gives, and on a GPU their memory profile must run
+    before the trainers allocate), then the actor's, reference's and critic's ranks together; returns the run's
+    number of steps."""
     num_bundles, bundles = role_bundles(cfg)
-    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items() if role != "rollout"}
+    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
     pg = placement.RunPlacement(run, num_bundles, cfg.train.device == "cpu")
-    faults, extensions = placement.injected_faults(), placement.extensions_dir()
-    index, share = bundles["rollout"]  # engine r on the r-th bundle of the rollout group
-    engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(index + rank, share), run, rollout_args(cfg, faults),
-                        rank, rank=rank) for rank in range(num_engines(cfg))]
-    num_steps = ray.get([e.info.remote() for e in engines], timeout=placement.READY_TIMEOUT_S)[0]["num_steps"]
     ranks = role_ranks(cfg)
-    waits = _spawn_ranks(pg, ActorWorker, "actor", slots["actor"], ranks["actor"], run,
-                         actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key()))
-    if cfg.uses_ref:  # frozen replicas: no DeepSpeed group among them
-        waits += [pg.spawn(RefWorker, "ref", _rank_slot(slots["ref"], rank), cfg.actor.model_name_or_path,
-                           cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel,
-                           rank=rank).ready.remote()
-                  for rank in range(ranks["ref"])]
-    if cfg.uses_critic:
-        waits += _spawn_ranks(pg, CriticWorker, "critic", slots["critic"], ranks["critic"], run,
-                              critic_args(cfg, num_steps, run, extensions))
+    engines = [pg.spawn(RolloutWorker, "rollout", _rank_slot(slots["rollout"], rank), rank=rank)
+               for rank in range(num_engines(cfg))]
+    groups = {role: _spawn_ranks(pg, cls, role, slots[role], ranks[role])
+              for role, cls, is_used in (("actor", ActorWorker, True), ("ref", RefWorker, cfg.uses_ref),
+                                         ("critic", CriticWorker, cfg.uses_critic)) if is_used}
+    faults, extensions = placement.injected_faults(), placement.extensions_dir()
+    ray.get([e.construct.remote(run, rollout_args(cfg, faults), rank) for rank, e in enumerate(engines)],
+            timeout=placement.READY_TIMEOUT_S)
+    num_steps = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
+    args = {"actor": (run, actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())),
+            "ref": (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel),
+            "critic": (run, critic_args(cfg, num_steps, run, extensions))}
+    # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
+    waits = [handle.construct.remote(*args[role], *([rank] if role != "ref" else []))
+             for role, handles in groups.items() for rank, handle in enumerate(handles)]
     ray.get(waits, timeout=placement.READY_TIMEOUT_S)
     return num_steps
 
@@ -86,13 +88,11 @@ def _rank_slot(first: placement.Slot, rank: int) -> placement.Slot:
     return placement.Slot(first.bundle_index + rank, first.share)
 
 
-def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int, run: RunRef,
-                 args) -> list:
-    """The role's DeepSpeed ranks, meeting at one rendezvous port; returns their `ready` calls (each rank's
-    DeepSpeed start-up waits until all have joined)."""
+def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int) -> list:
+    """The role's ranks (the data-parallel ranks of a DeepSpeed role meet at one rendezvous port)."""
     port = placement.free_port()
-    return [pg.spawn(cls, role, _rank_slot(first, rank), run, args, rank,
-                     rank=rank, rendezvous=placement.Rendezvous(rank, num_ranks, port)).ready.remote()
+    return [pg.spawn(cls, role, _rank_slot(first, rank), rank=rank,
+                     rendezvous=placement.Rendezvous(rank, num_ranks, port))
             for rank in range(num_ranks)]
 
 

@@ -7,6 +7,7 @@ It knows nothing about Prefect or what the workers compute.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
@@ -68,7 +69,7 @@ def free_port() -> int:
 
 # The object store's and W&B's settings travel from the driver to every worker through Ray's runtime env (a
 # cluster's workers do not share its environment). Secrets do not: Ray's runtime-env agent logs runtime envs in
-# plain text, so they go as a constructor argument each worker puts into its own environment first (`with_secrets`).
+# plain text, so they go as a constructor argument each worker puts into its own environment first (`deferred`).
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL")
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY")
 
@@ -78,14 +79,21 @@ def secrets() -> dict[str, str]:
     return {name: os.environ[name] for name in SECRET_ENV if name in os.environ}
 
 
-def with_secrets(cls):
-    """`cls` whose instances put `_secrets` into their process's environment before anything else runs (S3 clients
-    and W&B read them from there)."""
-    def __init__(self, *args, _secrets: dict[str, str], **kwargs):
+def deferred(cls):
+    """`cls` as a two-phase Ray actor: constructing it only puts `_secrets` into the process's environment (S3
+    clients and W&B read them from there) and imports the modules `cls.PRELOAD` names; `construct(*args)` then runs
+    `cls`'s own constructor. The run's processes pay their imports side by side while their engines are still built
+    one after another (the rollout engine first: its memory profile must not see the trainer's allocations)."""
+    def __init__(self, *, _secrets: dict[str, str]):
         os.environ.update(_secrets)
+        for module in getattr(cls, "PRELOAD", ()):
+            importlib.import_module(module)
+
+    def construct(self, *args, **kwargs) -> None:
         cls.__init__(self, *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, "__doc__": cls.__doc__})
+    return type(cls.__name__, (cls,), {"__init__": __init__, "construct": construct, "__module__": cls.__module__,
+                                       "__doc__": cls.__doc__})
 
 
 def has_wandb_key() -> bool:
@@ -142,18 +150,19 @@ class RunPlacement:
                                   name=f"{run.run_id}/pg", lifetime="detached")
         ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)
 
-    def spawn(self, cls, role: str, slot: Slot, *args, rank: int = 0, rendezvous: Rendezvous = Rendezvous()):
-        """Create the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one);
-        `rendezvous` places a DeepSpeed rank among its role's ranks."""
+    def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous()):
+        """Start the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one): its process
+        imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks. Its engine is
+        built by `handle.construct.remote(*args)` (see `deferred`)."""
         name = self.run.actor_name(role, rank)
         kill_actor(name, self.run.namespace)
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
             {"num_cpus": 0, "num_gpus": slot.share}
         strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle_index)
-        return ray.remote(with_secrets(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
-                                                     scheduling_strategy=strategy,
-                                                     runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
-                                                     **resources).remote(*args, _secrets=secrets())
+        return ray.remote(deferred(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
+                                                 scheduling_strategy=strategy,
+                                                 runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
+                                                 **resources).remote(_secrets=secrets())
 
     def remove(self) -> None:
         remove_placement_group(self.pg)

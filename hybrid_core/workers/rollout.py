@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-import ray
 import torch
 
 from hybrid_core.data.prompts import PromptSampler, load_prompt_rows
@@ -53,6 +52,8 @@ class RolloutWorkerArgs:
 
 
 class RolloutWorker:
+    PRELOAD = ("vllm", "vllm.entrypoints.llm")  # imported while the other workers start (placement.deferred)
+
     def __init__(self, run: RunRef, args: RolloutWorkerArgs, rank: int = 0):
         self.run, self.args, self.rank = run, args, rank
         self.store = RolloutStore(run.run_dir)

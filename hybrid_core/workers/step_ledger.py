@@ -84,7 +84,8 @@ def check_reproduced(step: int, stage: str, committed: dict, metrics: dict, atol
                  and abs((committed.get(k) or 0.0) - v) > atol * max(1.0, abs(v))}
     if differing:
         raise ReplayMismatchError(f"step {step} {stage} run again did not reproduce its committed figures: "
-                                  f"{differing}; the restored policy is not the one that produced the committed datasets")
+                                  f"{differing}; the restored policy is not the one that produced the committed "
+                                  "datasets")
 
 
 def result_from_entry(stage: str, step: int, entry: dict | None, replayed: bool = False) -> StageResult:

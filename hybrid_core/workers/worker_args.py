@@ -98,7 +98,8 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                   temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt),
         reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries),
         seed=cfg.train.seed,
-        group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None, num_engines=num_engines(cfg), faults=faults)
+        group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
+        num_engines=num_engines(cfg), faults=faults)
 
 
 def sink_settings(cfg: RunConfig, run: RunRef, has_wandb_key: bool) -> SinkSettings:

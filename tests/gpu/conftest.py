@@ -45,8 +45,9 @@ def rollout_engine(cuda, standin):
 
     cuda.cuda.synchronize()
     free_before = cuda.cuda.mem_get_info()[0]
-    engine = VllmRolloutEngine(EngineSettings(str(standin), "bf16", gpu_memory_utilization=0.3, enforce_eager=True,
-                                              enable_sleep=True, sleep_level=1, max_model_len=1024))
+    engine = VllmRolloutEngine(EngineSettings(model_path=str(standin), param_dtype="bf16", seed=0,
+                                              gpu_memory_utilization=0.3, enforce_eager=True, enable_sleep=True,
+                                              sleep_level=1, max_model_len=1024))
     cuda.cuda.synchronize()
     return engine, free_before - cuda.cuda.mem_get_info()[0]
 

@@ -25,11 +25,12 @@ def one_update(trainer, tokens: int) -> None:
 
     generator = torch.Generator().manual_seed(tokens)
     prompt, response = 16, tokens - 16
-    samples = TrainSamples([torch.randint(3, 100, (prompt,), generator=generator).tolist()],
-                           [torch.randint(3, 100, (response,), generator=generator).tolist()],
-                           [(-torch.rand(response, generator=generator) * 5).tolist()], None,
-                           [torch.randn(response, generator=generator).tolist()])
-    fit_actor(trainer, samples, ActorLossSettings(), BatchPlan(1, MicroBatching(1, None, False), 1, seed=0))
+    samples = TrainSamples(prompt_ids=[torch.randint(3, 100, (prompt,), generator=generator).tolist()],
+                           response_ids=[torch.randint(3, 100, (response,), generator=generator).tolist()],
+                           old_logprobs=[(-torch.rand(response, generator=generator) * 5).tolist()],
+                           ref_logprobs=None, advantages=[torch.randn(response, generator=generator).tolist()])
+    plan = BatchPlan(batch_size=1, batching=MicroBatching(num_samples=1), max_epochs=1, seed=0)
+    fit_actor(trainer, samples, ActorLossSettings(kl_coef=0.0), plan)
 
 
 def main(model_dir: str, token_counts: list[int]) -> dict[int, float]:

@@ -31,7 +31,7 @@ def test_sync_makes_vllm_logprobs_match_the_trained_policy(rollout_engine, make_
     prompt, response = fixed_sequence(16, 100), fixed_sequence(256, 101)
     trainer.wake_up()
     trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
-    trained = trainer.logprobs([prompt], [response], MicroBatching(1))[0]
+    trained = trainer.logprobs([prompt], [response], MicroBatching(num_samples=1))[0]
     stale = engine.score([prompt], [response])[0]
     assert mean_abs_diff(trained, stale) >= 0.05
     for bucket in iter_buckets(trainer.module, 64 * 2**20):

@@ -50,10 +50,13 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def prefect_server():
+    """The session's one Prefect server (Prefect's test harness); yields its API URL, which subprocesses of the
+    tests (`hybrid train`, `ray job submit`) are pointed at too."""
+    from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        yield PREFECT_API_URL.value()
 
 
 def micro_config(store_root: Path, *extra: str):

@@ -20,18 +20,22 @@ from tests.conftest import REPO_ROOT
 BIN = Path(sys.executable).parent
 MICRO = ["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--rollout.batch_size", "2",
          "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "4", "--train.batch_size", "4",
-         "--train.micro_batch_size", "2", "--train.max_steps", "6", "--ckpt.save_steps", "2"]
+         "--train.micro_batch_size", "2", "--train.max_steps", "7", "--ckpt.save_steps", "2"]
 
 
 class RayHead:
     """`ray start --head --block` in its own session, killed as a group at the end (never `ray stop`)."""
 
-    def __init__(self, home: Path, s3_endpoint: str):
+    def __init__(self, home: Path, s3_endpoint: str, api_url: str | None = None):
+        """`api_url`: the Prefect server every `hybrid train` of this head talks to (the test session's, which no
+        killed driver takes down); None: each starts its own embedded server."""
         self.port, self.temp = free_port(), Path(f"/tmp/rh-{uuid.uuid4().hex[:6]}")
-        self.env = os.environ | S3_ENV | {"AWS_ENDPOINT_URL": s3_endpoint} | {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
-                                 "RAY_ADDRESS": f"127.0.0.1:{self.port}", "PREFECT_HOME": str(home),
-                                 "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
+        self.env = os.environ | S3_ENV | {"AWS_ENDPOINT_URL": s3_endpoint} | {
+            "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": f"127.0.0.1:{self.port}",
+            "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
         self.env.pop("PREFECT_API_URL", None)
+        if api_url:
+            self.env["PREFECT_API_URL"] = api_url
         self.proc = subprocess.Popen(
             [str(BIN / "ray"), "start", "--head", "--block", "--port", str(self.port), "--temp-dir", str(self.temp),
              "--num-cpus", "4", "--num-gpus", "0", "--include-dashboard=false", "--disable-usage-stats",

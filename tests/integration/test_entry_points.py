@@ -78,9 +78,10 @@ def test_a_literal_wandb_key_is_stored_nowhere(tmp_path, tiny_model):
 
 
 class JobHead:
-    """`ray start --head` with the dashboard's job server, from this install; killed as a group at the end."""
+    """`ray start --head` with the dashboard's job server, from this install; killed as a group at the end. Its
+    jobs' `hybrid train` talk to `api_url` (the session's Prefect server)."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, api_url: str):
         self.port, self.dashboard = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.dashboard}"
         self.temp = Path(f"/tmp/rj-{uuid.uuid4().hex[:6]}")  # Ray's Unix sockets want a short path
@@ -88,12 +89,15 @@ class JobHead:
                                  "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
                                  "PREFECT_HOME": str(tmp_path / "prefect-home"),
                                  "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        for name in ("RAY_ADDRESS", "PREFECT_API_URL"):
-            self.env.pop(name, None)
+        self.env.pop("RAY_ADDRESS", None)
+        self.env["PREFECT_API_URL"] = api_url
         self.proc = subprocess.Popen(
             [str(BIN / "ray"), "start", "--head", "--block", "--port", str(self.port), "--temp-dir", str(self.temp),
              "--num-cpus", "4", "--num-gpus", "0", "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
-             "--dashboard-port", str(self.dashboard), "--disable-usage-stats"], env=self.env,
+             "--dashboard-port", str(self.dashboard), "--disable-usage-stats",
+             # the job agent's HTTP port (default 52365) is taken by any other Ray of this machine, and a head whose
+             # agent cannot bind answers every submission "No available agent"
+             "--dashboard-agent-listen-port", str(free_port())], env=self.env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -107,7 +111,7 @@ class JobHead:
     def job(self, command: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """`ray job COMMAND --address URL ARGS` (the address before ARGS: after `--` it would be the entrypoint's);
         a submission retried while the head's agent is still starting."""
-        deadline = time.time() + 90
+        deadline = time.time() + 300  # the agent of a loaded 2-core machine took over 90 s
         while True:
             proc = subprocess.run([str(BIN / "ray"), "job", command, "--address", self.url, *args], cwd=REPO_ROOT,
                                   env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -135,8 +139,9 @@ class JobHead:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def test_ray_job_submit_runs_hybrid_train_and_ray_job_stop_keeps_the_committed_steps(tmp_path, tiny_model):
-    head = JobHead(tmp_path)
+def test_ray_job_submit_runs_hybrid_train_and_ray_job_stop_keeps_the_committed_steps(tmp_path, tiny_model,
+                                                                                    prefect_server):
+    head = JobHead(tmp_path, prefect_server)
     store, run_dir = tmp_path / "runs", tmp_path / "runs" / "job-run"
     # the working dir is uploaded without what .gitignore names (the tiny model): local inputs by absolute path
     inputs = ["--actor.model_name_or_path", str(tiny_model), "--data.prompt_dataset",
@@ -182,3 +187,59 @@ class _Running:
         if self.head.state(self.job_id) in ("FAILED", "STOPPED", "SUCCEEDED"):
             self.returncode = 1
         return self.returncode
+
+
+@pytest.mark.parametrize("case", ["an empty dataset", "malformed JSONL", "a row without the input key",
+                                  "a reward file without reward_func", "an empty model directory",
+                                  "a store that is a file"])
+def test_the_flow_refuses_each_bad_input_with_the_refusal_of_hybrid_train(case, tmp_path, tiny_model, ray_session,
+                                                                         prefect_server):
+    from flows.rl_train import rl_train
+    from hybrid_core.flags import parse_cli
+    from hybrid_core.preflight import PreflightError
+    from tests.unit.test_cli_refusals import DEMO, _cases, hybrid_train
+
+    flags, expected = _cases(tmp_path)[case]
+    rc, out, _ = hybrid_train("--store.root", str(tmp_path / "runs"), *flags)
+    assert rc == 2 and expected in out
+    with pytest.raises(PreflightError) as err:
+        rl_train(parse_cli(["--config", DEMO, "--store.root", str(tmp_path / "runs"), *flags]), run_id="bad")
+    assert str(err.value) == out.strip()  # the same refusal from the flow's first task
+    assert not (tmp_path / "runs").exists()
+
+
+def _children(pid: int) -> list[int]:
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+    return [int(child) for child, parent in zip(table[::2], table[1::2]) if int(parent) == pid]
+
+
+def test_the_embedded_prefect_server_does_not_outlive_a_killed_hybrid_train(tmp_path, tiny_model):
+    """`hybrid train` SIGKILLed once its embedded Prefect server is up (before any worker: the server starts
+    first): the server's watchdog stops it."""
+    env = os.environ | {"PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "train", *MICRO_FLAGS, "--store.root",
+                             str(tmp_path / "runs"), "--run_id", "orphan"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        servers, deadline = [], time.time() + 180
+        while not servers and time.time() < deadline and proc.poll() is None:
+            servers = [pid for pid in _children(proc.pid) if b"uvicorn" in _cmdline(pid)]
+            time.sleep(0.2)
+        assert len(servers) == 1, "no embedded Prefect server found under hybrid train"
+        os.kill(proc.pid, signal.SIGKILL)  # the process alone, as the kernel's OOM killer would
+        proc.wait(timeout=60)
+        deadline = time.time() + 20
+        while time.time() < deadline and Path(f"/proc/{servers[0]}").exists():
+            time.sleep(0.2)
+        assert not Path(f"/proc/{servers[0]}").exists(), "the embedded Prefect server outlived hybrid train"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""

@@ -106,7 +106,8 @@ def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
 
     reward = tmp_path / "flaky_reward.py"
     good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
-    reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    raise KeyError('broken until fixed')\n")
+    reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
+                      "    raise KeyError('broken until fixed')\n")
     cfg = short_cfg(tmp_path, reward={"remote_url": str(reward)}, train={"max_steps": 2, "stage_retries": 0})
     failed = run_deployment(server, cfg, "retried")
     assert failed.returncode != 0

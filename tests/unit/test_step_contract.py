@@ -8,7 +8,8 @@ import pytest
 
 from hybrid_core.step_contract import (CHECKPOINT, STEP_STAGES, LiveVersions, can_reattach, derive_seed,
                                        first_incomplete_step, generating_version, is_checkpoint_due, missing_parts,
-                                       reattach_version, restore_step, retry_policy, stage_named, stages_after)
+                                       reattach_trained_step, reattach_version, restore_step, retry_policy,
+                                       stage_named, stages_after)
 
 DATASETS = {"rollout", "reward", "advantage", "metrics"}
 
@@ -96,9 +97,14 @@ def test_live_workers_are_kept_only_at_the_version_the_resumed_step_needs():
     assert reattach_version(4, synced, datasets) == 4 and can_reattach(at(4), 4, synced, datasets)
     # the step's rollout lost its marker: it must be generated again by version 3, which these workers no longer hold
     assert not can_reattach(at(4), 4, synced, {"reward", "advantage"})
+    # killed during step 4's train: the actor finished it (its record is committed), the engines still hold 3
     trained_not_synced = LiveVersions(trained_step=4, policy_version=3, rollout_version=3)
-    assert not can_reattach(trained_not_synced, 4, {s: {} for s in ("rollout", "reward", "advantage", "train")},
-                            {"rollout", "reward", "advantage"})
+    trained = {s: {} for s in ("rollout", "reward", "advantage", "train")}
+    assert reattach_trained_step(4, trained, datasets) == 4 and reattach_version(4, trained, datasets) == 3
+    assert can_reattach(trained_not_synced, 4, trained, datasets)
+    assert not can_reattach(at(3), 4, trained, datasets)  # an actor that did not train step 4 is not the one
+    # an actor that trained step 4 while no train record of it was committed is not to be trusted
+    assert not can_reattach(trained_not_synced, 4, {s: {} for s in ("rollout", "reward", "advantage")}, datasets)
 
 
 def test_the_restored_checkpoint_is_the_newest_kept_before_the_step():

@@ -127,31 +127,48 @@ def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
     assert (tmp_path / "retried" / "steps" / "2" / "metrics" / "_SUCCESS").is_file()
 
 
-def _bad_inputs(tmp_path: Path, case: str) -> dict:
-    if case == "a dataset smaller than a step":
-        small = tmp_path / "small.jsonl"
-        small.write_text("".join(json.dumps({"input": f"p{i}", "label": "a"}) + "\n" for i in range(3)))
-        return short_cfg(tmp_path, data={"prompt_dataset": str(small)}, rollout={"batch_size": 4})
-    if case == "a reward file with a syntax error":
-        (tmp_path / "broken.py").write_text("def reward_func(queries:\n")
-        return short_cfg(tmp_path, reward={"remote_url": str(tmp_path / "broken.py")})
-    return short_cfg(tmp_path, store={"root": "/proc/nope"})
+# every bad input of `hybrid train`'s refusal tests (tests/unit/test_cli_refusals.py), grouped so that one
+# deployment run meets several at once (one per setting: dataset, reward file, model, store), all named in one message
+BAD_INPUT_GROUPS = {
+    "dataset-reward-model-store": ["an empty dataset", "a reward file with a syntax error", "an empty model directory",
+                                   "a store under /proc"],
+    "more-of-each": ["malformed JSONL", "a reward file without reward_func", "a store that is a file",
+                     "a model that is not local"],
+    "a-row-without-its-input": ["a row without the input key"],
+    "too-few-prompts": ["a dataset smaller than a step"],
+}
 
 
-@pytest.mark.parametrize("case", ["a dataset smaller than a step", "a reward file with a syntax error",
-                                  "an unwritable store"])
-def test_bad_inputs_fail_the_flow_run_with_the_refusal_of_hybrid_train_before_any_worker(case, server, tmp_path):
-    cfg = _bad_inputs(tmp_path, case)
-    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
-    cli = server.run("-m", "flows.cli", "train", "--config", str(tmp_path / "cfg.yaml"), "--run_id", "bad-inputs")
+def _config_with(flags: list[str]) -> dict:
+    """The demo's configuration (data/demo.yaml, as `hybrid train --config` reads it) with `--section.key VALUE`
+    flags applied: the deployment parameter equivalent to those flags."""
+    cfg = yaml.safe_load((REPO_ROOT / "data" / "demo.yaml").read_text())
+    for flag, value in zip(flags[::2], flags[1::2]):
+        section, key = flag.removeprefix("--").split(".", 1)
+        cfg[section] = cfg.get(section, {}) | {key: value}
+    return cfg
+
+
+@pytest.mark.parametrize("group", list(BAD_INPUT_GROUPS))
+def test_bad_inputs_fail_the_flow_run_with_the_refusal_of_hybrid_train_before_any_worker(group, server, tmp_path):
+    from tests.unit.test_cli_refusals import _cases
+
+    cases = _cases(tmp_path)
+    flags = [flag for case in BAD_INPUT_GROUPS[group] for flag in cases[case][0]]
+    if "--store.root" not in flags:
+        flags += ["--store.root", str(tmp_path / "runs")]
+    cli = server.run("-m", "flows.cli", "train", "--config", str(REPO_ROOT / "data" / "demo.yaml"), *flags,
+                     "--run_id", "bad-inputs")
     assert cli.returncode == 2 and cli.stderr.startswith("hybrid train cannot start:"), cli.stderr
-    result = run_deployment(server, cfg, "bad-inputs")
+    for case in BAD_INPUT_GROUPS[group]:
+        assert cases[case][1] in cli.stderr, case
+    result = run_deployment(server, _config_with(flags), "bad-inputs")
     assert result.returncode != 0
     logs = flow_run_logs(server, result)
     for line in cli.stderr.strip().splitlines():  # the same refusal, line by line
         assert line.strip() in logs, line
     assert "start-workers" not in logs and "open-run" not in logs  # refused by the first task
-    assert not (tmp_path / "bad-inputs").exists()
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_seed_deployment_is_refused_on_the_gpu_pool_with_its_reasons(server, tmp_path):

@@ -15,21 +15,14 @@ import sys
 import time
 import uuid
 
+import psutil
+
 POLL_S = 0.5
 STOP_GRACE_S = 10.0
+DRAIN_TIMEOUT_S = 30.0  # sending what is queued takes well under a second
 STARTUP_TIMEOUT_S = 120  # Prefect's default (20 s) was too short on a busy 2-core machine
 MARKER_ENV = "HYBRID_EMBEDDED_SERVER"  # set in the server process's environment only: which watchdog owns it
 SERVER_APP = "prefect.server.api.server:create_app"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager
@@ -54,15 +47,26 @@ def embedded_api():
         os.environ.pop(MARKER_ENV, None)
     try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-            yield server.api_url
+            try:
+                yield server.api_url
+            finally:  # a failed run's logs too
+                _send_queued_logs_and_events()
     finally:
         server.stop()
 
 
+def _send_queued_logs_and_events() -> None:
+    """Send the run's queued logs and events while the server still answers. Prefect sends them at interpreter
+    exit, when this server is already gone: that cost ~80 s of retries and "All connection attempts failed"."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (APILogWorker, EventsWorker):
+        service.drain_all(timeout=DRAIN_TIMEOUT_S)
+
+
 def _marked_servers(marker: str) -> list:
     """The Prefect server processes whose environment carries `marker`."""
-    import psutil
-
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
@@ -75,9 +79,7 @@ def _marked_servers(marker: str) -> list:
 
 def watch(parent_pid: int, marker: str) -> None:
     """Wait for the parent to end; then stop the servers it started, if they still run (SIGTERM, then SIGKILL)."""
-    import psutil
-
-    while _alive(parent_pid):
+    while psutil.pid_exists(parent_pid):
         time.sleep(POLL_S)
     servers = _marked_servers(marker)
     for server in servers:

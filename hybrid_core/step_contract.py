@@ -127,9 +127,9 @@ class LiveVersions:
     rollout_version: int
 
 
-def _is_done(first_step_entries: dict, committed: set[str], *records: str) -> bool:
+def _is_done(entries: dict, committed: set[str], *records: str) -> bool:
     """The step's datasets are committed and so are `records` (e.g. its train record)."""
-    return {ROLLOUT.name, REWARD.name, ADVANTAGE.name} <= committed and set(records) <= set(first_step_entries)
+    return {ROLLOUT.name, REWARD.name, ADVANTAGE.name} <= committed and set(records) <= set(entries)
 
 
 def reattach_version(first_step: int, entries: dict, committed: set[str]) -> int:

@@ -73,11 +73,13 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     ray.get([e.construct.remote(run, rollout_args(cfg, faults), rank) for rank, e in enumerate(engines)],
             timeout=placement.READY_TIMEOUT_S)
     num_steps = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
-    args = {"actor": (run, actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())),
-            "ref": (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel),
-            "critic": (run, critic_args(cfg, num_steps, run, extensions))}
+    policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
+    critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
+    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel)
+    args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
+               "ref": lambda rank: frozen}  # the reference's replicas are alike: no rank of their own
     # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
-    waits = [handle.construct.remote(*args[role], *([rank] if role != "ref" else []))
+    waits = [handle.construct.remote(*args_of[role](rank))
              for role, handles in groups.items() for rank, handle in enumerate(handles)]
     ray.get(waits, timeout=placement.READY_TIMEOUT_S)
     return num_steps

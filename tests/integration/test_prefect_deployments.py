@@ -140,13 +140,10 @@ BAD_INPUT_GROUPS = {
 
 
 def _config_with(flags: list[str]) -> dict:
-    """The demo's configuration (data/demo.yaml, as `hybrid train --config` reads it) with `--section.key VALUE`
-    flags applied: the deployment parameter equivalent to those flags."""
-    cfg = yaml.safe_load((REPO_ROOT / "data" / "demo.yaml").read_text())
-    for flag, value in zip(flags[::2], flags[1::2]):
-        section, key = flag.removeprefix("--").split(".", 1)
-        cfg[section] = cfg.get(section, {}) | {key: value}
-    return cfg
+    """The deployment parameter equivalent to `hybrid train --config data/demo.yaml FLAGS`."""
+    from hybrid_core.flags import parse_cli
+
+    return parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), *flags]).model_dump(mode="json")
 
 
 @pytest.mark.parametrize("group", list(BAD_INPUT_GROUPS))

@@ -5,7 +5,6 @@ multiply the policy loss. It does not know which engines produced the log-probab
 applied or logged: tensors and scalars in, a detached (B, T) tensor out.
 """
 
-import torch
 from torch import Tensor
 
 IS_KINDS = frozenset({"tis", "icepop", "seq-mask-tis"})

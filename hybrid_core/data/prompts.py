@@ -61,6 +61,12 @@ def format_prompt(text: str, tokenizer, apply_chat_template: bool, input_templat
     return input_template.format(text) if input_template else text
 
 
+def step_count(num_rows: int, batch_size: int, num_episodes: int, max_steps: int | None = None) -> int:
+    """How many steps a run has: whole batches of the dataset per episode, times the episodes, capped by max_steps."""
+    total = num_episodes * (num_rows // batch_size)
+    return min(total, max_steps) if max_steps else total
+
+
 class PromptSampler:
     """Maps step k (1-based) to its prompts: episode e = (k-1) // steps_per_episode, shuffled by
     derive_seed(seed, "episode", e)."""
@@ -72,8 +78,7 @@ class PromptSampler:
                              f"{len(rows)} rows; lower rollout.batch_size or add prompts")
         self.rows, self.batch_size, self.seed = rows, batch_size, seed
         self.steps_per_episode = len(rows) // batch_size
-        total = num_episodes * self.steps_per_episode
-        self.num_steps = min(total, max_steps) if max_steps else total
+        self.num_steps = step_count(len(rows), batch_size, num_episodes, max_steps)
 
     def refill_for_step(self, step: int, exclude: set[int]) -> list[Prompt]:
         """Replacement prompts for dynamic filtering: every other row, in an order seeded by (seed, step)."""

@@ -56,13 +56,13 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
 
 
 def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
-    """Start every actor of the run at once (their processes import side by side), then build their engines: the
-    rollout engines first (they know how many steps the data gives, and on a GPU their memory profile must run
-    before the trainers allocate), then the actor's, reference's and critic's ranks together; returns the run's
-    number of steps."""
+    """Start every actor of the run at once (their processes import side by side), then build their engines; returns
+    the run's number of steps. On a GPU the rollout engines are built first (their memory profile must run before
+    the trainers allocate), then the actor's, reference's and critic's ranks together; on CPU all at once."""
     num_bundles, bundles = role_bundles(cfg)
     slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
-    pg = placement.RunPlacement(run, num_bundles, cfg.train.device == "cpu")
+    on_cpu = cfg.train.device == "cpu"
+    pg = placement.RunPlacement(run, num_bundles, on_cpu)
     ranks = role_ranks(cfg)
     engines = [pg.spawn(RolloutWorker, "rollout", _rank_slot(slots["rollout"], rank), rank=rank)
                for rank in range(num_engines(cfg))]
@@ -70,18 +70,24 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
               for role, cls, is_used in (("actor", ActorWorker, True), ("ref", RefWorker, cfg.uses_ref),
                                          ("critic", CriticWorker, cfg.uses_critic)) if is_used}
     faults, extensions = placement.injected_faults(), placement.extensions_dir()
-    ray.get([e.construct.remote(run, rollout_args(cfg, faults), rank) for rank, e in enumerate(engines)],
-            timeout=placement.READY_TIMEOUT_S)
-    num_steps = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
+    rollout = rollout_args(cfg, faults)
+    num_steps = rollout.prompts.num_steps()  # counted here while the processes import: the trainers need it
+    building = [e.construct.remote(run, rollout, rank) for rank, e in enumerate(engines)]
+    if not on_cpu:
+        ray.get(building, timeout=placement.READY_TIMEOUT_S)
     policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
     critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
     frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel)
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: frozen}  # the reference's replicas are alike: no rank of their own
     # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
-    waits = [handle.construct.remote(*args_of[role](rank))
-             for role, handles in groups.items() for rank, handle in enumerate(handles)]
-    ray.get(waits, timeout=placement.READY_TIMEOUT_S)
+    building += [handle.construct.remote(*args_of[role](rank))
+                 for role, handles in groups.items() for rank, handle in enumerate(handles)]
+    ray.get(building, timeout=placement.READY_TIMEOUT_S)
+    counted = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
+    if counted != num_steps:  # the driver and the engine read the same dataset the same way: a changed file
+        raise RuntimeError(f"data.prompt_dataset {cfg.data.prompt_dataset!r} changed while the run started: "
+                           f"{num_steps} steps counted by the driver, {counted} by the rollout engine; start again")
     return num_steps
 
 

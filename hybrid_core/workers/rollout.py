@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from hybrid_core.data.prompts import PromptSampler, load_prompt_rows
+from hybrid_core.data.prompts import PromptSampler, load_prompt_rows, step_count
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
@@ -37,6 +37,13 @@ class PromptSource:
     num_episodes: int
     max_steps: int | None
 
+    def rows(self) -> list[tuple[str, str]]:
+        return load_prompt_rows(self.dataset, self.input_key, self.label_key, max_samples=self.max_samples)
+
+    def num_steps(self) -> int:
+        """The run's step count as the worker's sampler counts it (the driver asks while the workers start)."""
+        return step_count(len(self.rows()), self.batch_size, self.num_episodes, self.max_steps)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RolloutWorkerArgs:
@@ -60,8 +67,7 @@ class RolloutWorker:
         self.ledger = StepLedger(self.store, FaultPoints(args.faults, self.store.log_event))
         self.tokenizer = load_tokenizer(args.engine.model_path)
         p = args.prompts
-        rows = load_prompt_rows(p.dataset, p.input_key, p.label_key, max_samples=p.max_samples)
-        self.sampler = PromptSampler(rows, p.batch_size, p.num_episodes, args.seed, p.max_steps)
+        self.sampler = PromptSampler(p.rows(), p.batch_size, p.num_episodes, args.seed, p.max_steps)
         self.reward_source = open_reward_source(args.reward)
         self.engine = VllmRolloutEngine(args.engine)
         self.policy_version = 0

@@ -76,6 +76,25 @@ def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
     return cfg, result
 
 
+GAE_FLAGS = ("--algo.advantage.estimator", "gae", "--train.max_steps", "2")
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
+    """`shared_run(run_id, *flags)`: the micro configuration with `flags`, trained once in the session (the first
+    test that asks trains it) and read by every test that names it; returns (cfg, run_dir)."""
+    root = tmp_path_factory.mktemp("shared-runs")
+    trained: dict[str, tuple[tuple[str, ...], tuple]] = {}
+
+    def get(run_id: str, *flags: str):
+        if run_id not in trained:
+            trained[run_id] = (flags, run_micro(root, run_id, *flags))
+        assert trained[run_id][0] == flags, f"the shared run {run_id!r} was trained with other flags"
+        return trained[run_id][1]
+
+    return get
+
+
 def run_micro(store_root: Path, run_id: str, *flags: str):
     """Train the micro configuration through the real flow; returns (cfg, run_dir)."""
     from flows.rl_train import rl_train

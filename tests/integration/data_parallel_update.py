@@ -1,4 +1,5 @@
-"""One policy update with DeepSpeed on CPU, run by `torchrun` at 1 or 2 ranks (test_data_parallel_updates.py).
+"""Policy updates with DeepSpeed on CPU, run by `torchrun` at 1 or 2 ranks (test_data_parallel_updates.py): one
+update for each layout named on the command line, each from freshly loaded weights.
 
 Every rank gets the same 8 samples and seed; rank 0 writes the update (parameter deltas) and the returned statistics
 to the output file. Adam's eps is so large that its first step is lr·g/(|g| + eps) ≈ the gradient itself, so the
@@ -33,7 +34,7 @@ def full_parameters(module: torch.nn.Module, is_zero3: bool) -> dict[str, torch.
         return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def main(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
+def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
     from hybrid_core.algorithms.experience import ActorLossSettings
     from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
     from hybrid_core.engines.actor_trainer import fit_actor
@@ -56,11 +57,20 @@ def main(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
     if engine.rank == 0:
         deltas = {n: after[n] - before[n] for n in before}
         torch.save({"deltas": deltas, "stats": stats, "world_size": engine.world_size}, out_path)
+
+
+def main(model_dir: str, out_dir: str, layouts: list[str]) -> None:
+    """One update per layout ("<zero stage>-<padded|packed>"), one engine after another in this process: rank 0
+    writes `<out_dir>/<layout>.pt`."""
     import torch.distributed as dist
 
+    for layout in layouts:
+        zero_stage, batching = layout.split("-")
+        update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed")
+        dist.barrier()
     dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "packed")
+    main(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,12 +1,13 @@
 """Every algorithm flag is honoured, not just accepted: each estimator runs the micro demo, and step k's committed
-advantages are recomputed from the committed `reward` (+ `rollout`) datasets with the public functions alone."""
+advantages are recomputed from the committed `reward` (+ `rollout`) datasets with the public functions alone. The
+flag tests' runs double as the estimators' runs (one micro run each, shared through the session)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
-from conftest import read_metrics, read_stage, run_micro
+from conftest import GAE_FLAGS, read_metrics, read_stage, run_micro
 
 from hybrid_core.algorithms.advantages import (WHITENED_ESTIMATORS, compute_gae, compute_returns,
                                                place_sequence_rewards, shape_group_rewards, whiten)
@@ -16,6 +17,23 @@ from hybrid_core.engines.sequence_batch import pad
 
 pytestmark = pytest.mark.integration
 ESTIMATORS = ["reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo", "gae"]
+IS_RANGE = ("--algo.advantage.is_correction_enable", "--algo.advantage.is_correction_threshold", "1.5", "5.0")
+# The flag tests' micro runs, each also the run of one estimator (the shared reference run is reinforce_baseline's):
+# name → (estimator, flags). Each is trained once in the session, by the first test that reads it.
+FLAG_RUNS = {
+    "kl-penalties": ("reinforce", (
+        "--algo.advantage.estimator", "reinforce", "--algo.kl.use_loss=false", "--algo.kl.estimator", "k1",
+        "--algo.kl.init_coef", "0.5", "--algo.kl.target", "0.1", "--algo.kl.horizon", "10",
+        "--reward.overlong_buffer_len", "4", "--reward.stop_properly_penalty_coef", "-0.5", "--actor.entropy_coef", "0",
+        "--actor.adam.lr", "0.01")),
+    "is-tis": ("rloo", ("--algo.advantage.estimator", "rloo", *IS_RANGE, "--algo.advantage.is_correction_type", "tis",
+                        "--train.max_steps", "2")),
+    "is-icepop": ("group_norm", ("--algo.advantage.estimator", "group_norm", *IS_RANGE,
+                                 "--algo.advantage.is_correction_type", "icepop", "--train.max_steps", "2")),
+    "filtering": ("dr_grpo", ("--algo.advantage.estimator", "dr_grpo", "--algo.dynamic_filtering_enable",
+                              "--algo.dynamic_filtering_range", "0.0", "1.0", "--train.max_steps", "2")),
+    "gae": ("gae", GAE_FLAGS),
+}
 
 
 def expected_advantages(cfg, run_dir: str, step: int, kl_coef: float) -> torch.Tensor:
@@ -52,14 +70,28 @@ def committed_advantages(run_dir: str, step: int) -> torch.Tensor:
     return pad(read_stage(run_dir, step, "advantage").column("advantages").to_pylist())
 
 
+def flag_run(shared_run, name: str):
+    """The micro run `name` of FLAG_RUNS, trained once in the session; returns (cfg, run_dir)."""
+    return shared_run(name, *FLAG_RUNS[name][1])
+
+
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_each_estimator_is_honoured(estimator, tmp_path, tiny_model, ray_session, prefect_server):
-    cfg, run_dir = run_micro(tmp_path, f"est-{estimator.replace('_', '-')}", "--algo.advantage.estimator", estimator)
-    for step in (1, 2, 3):
-        torch.testing.assert_close(committed_advantages(run_dir, step), expected_advantages(cfg, run_dir, step, 0.0),
-                                   rtol=0, atol=1e-5)
+def test_each_estimator_is_honoured(estimator, reference_run, shared_run):
+    """Each estimator's run (the reference run for reinforce_baseline): every step's committed advantages are the
+    ones the public functions give from the committed rewards."""
+    if estimator == "reinforce_baseline":
+        cfg, result = reference_run
+        run_dir = result.run_dir
+    else:
+        name = next(name for name, (used, _) in FLAG_RUNS.items() if used == estimator)
+        cfg, run_dir = flag_run(shared_run, name)
+    assert cfg.algo.advantage.estimator == estimator
+    for step in range(1, cfg.train.max_steps + 1):
+        kl_coef = 0.0 if cfg.algo.kl.use_loss else read_metrics(run_dir, step)["actor/kl_coef"]  # β in the reward
+        torch.testing.assert_close(committed_advantages(run_dir, step),
+                                   expected_advantages(cfg, run_dir, step, kl_coef), rtol=0, atol=1e-5)
     if estimator == "gae":
-        assert "critic/value_loss" in read_metrics(run_dir, 3)
+        assert "critic/value_loss" in read_metrics(run_dir, cfg.train.max_steps)
 
 
 def test_gae_critic_learns_over_a_10_step_demo(tmp_path, tiny_model, ray_session, prefect_server):
@@ -78,29 +110,22 @@ def test_gae_critic_learns_over_a_10_step_demo(tmp_path, tiny_model, ray_session
     assert sum(losses[-3:]) < sum(losses[:3]), losses
 
 
-def test_kl_in_reward_penalties_entropy_and_adaptive_kl(tmp_path, tiny_model, ray_session, prefect_server):
-    cfg, run_dir = run_micro(
-        tmp_path, "kl-penalties", "--algo.kl.use_loss=false", "--algo.kl.estimator", "k1", "--algo.kl.init_coef",
-        "0.5", "--algo.kl.target", "0.1", "--algo.kl.horizon", "10", "--reward.overlong_buffer_len", "4",
-        "--reward.stop_properly_penalty_coef", "-0.5", "--actor.entropy_coef", "0", "--actor.adam.lr", "0.01")
-    coefs = [read_metrics(run_dir, k)["actor/kl_coef"] for k in (1, 2, 3)]
+def test_kl_in_reward_penalties_entropy_and_adaptive_kl(shared_run):
+    """The adaptive coefficient's first update; the penalties and the KL in the reward (each step with its own β)
+    are checked in the advantages by test_each_estimator_is_honoured[reinforce], which reads this run."""
+    _, run_dir = flag_run(shared_run, "kl-penalties")
+    coefs = [read_metrics(run_dir, k)["actor/kl_coef"] for k in (1, 2)]
     # step 1: the policy is the reference, KL 0 → β ← 0.5·(1 + clip(0/0.1 − 1, ±0.2)·4/10) = 0.5·0.92 = 0.46
-    assert coefs[:2] == pytest.approx([0.5, 0.46], abs=1e-9)
-    for step in (1, 2, 3):
-        torch.testing.assert_close(committed_advantages(run_dir, step),
-                                   expected_advantages(cfg, run_dir, step, coefs[step - 1]), rtol=0, atol=1e-5)
+    assert coefs == pytest.approx([0.5, 0.46], abs=1e-9)
     entropy = read_metrics(run_dir, 1)["actor/entropy"]
     assert 0 < entropy <= math.log(128)
 
 
 @pytest.mark.parametrize("kind, weight_mean, masked_frac", [("tis", 1.5, 0.0), ("icepop", 0.0, 1.0)])
-def test_is_correction_weights_the_loss(kind, weight_mean, masked_frac, tmp_path, tiny_model, ray_session,
-                                        prefect_server):
+def test_is_correction_weights_the_loss(kind, weight_mean, masked_frac, shared_run):
     # vLLM's logprobs equal the trainer's on CPU (w ≈ 1): with the range [1.5, 5] tis clamps every weight to 1.5 and
     # icepop masks every token, so the flag's effect is exact.
-    _, run_dir = run_micro(tmp_path, f"is-{kind}", "--algo.advantage.is_correction_enable",
-                           "--algo.advantage.is_correction_type", kind, "--algo.advantage.is_correction_threshold",
-                           "1.5", "5.0", "--train.max_steps", "2")
+    _, run_dir = flag_run(shared_run, f"is-{kind}")
     metrics = read_metrics(run_dir, 1)
     assert metrics["is/weight_mean"] == pytest.approx(weight_mean, abs=1e-6)
     assert metrics["is/masked_frac"] == pytest.approx(masked_frac, abs=1e-6)
@@ -108,9 +133,8 @@ def test_is_correction_weights_the_loss(kind, weight_mean, masked_frac, tmp_path
         assert metrics["actor/policy_loss"] == 0.0
 
 
-def test_dynamic_filtering_keeps_only_informative_groups(tmp_path, tiny_model, ray_session, prefect_server):
-    cfg, run_dir = run_micro(tmp_path, "filtering", "--algo.dynamic_filtering_enable",
-                             "--algo.dynamic_filtering_range", "0.0", "1.0", "--train.max_steps", "2")
+def test_dynamic_filtering_keeps_only_informative_groups(shared_run):
+    cfg, run_dir = flag_run(shared_run, "filtering")
     n = cfg.rollout.n_samples_per_prompt
     for step in (1, 2):
         scores = read_stage(run_dir, step, "reward").column("score").to_pylist()

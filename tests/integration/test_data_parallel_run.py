@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import read_metrics, read_stage, run_micro
+from tests.integration.conftest import GAE_FLAGS, read_metrics, read_stage, run_micro
 
 pytestmark = pytest.mark.integration
 TWO_RANKS = ("--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2")
@@ -44,11 +44,11 @@ def test_two_ranks_train_like_one(reference_run, two_rank_run):
             assert metrics_two[name] == pytest.approx(metrics_one[name], rel=figure_rel, abs=1e-7), (step, name)
 
 
-def test_two_critic_ranks_train_like_one(tmp_path, tiny_model, ray_session, prefect_server):
-    """gae: the critic's ranks shard the value forwards and split its updates like the actor's."""
-    gae = ("--algo.advantage.estimator", "gae", "--train.max_steps", "2")
-    _, one = run_micro(tmp_path / "one", "gae-one", *gae)
-    cfg, two = run_micro(tmp_path / "two", "gae-two", *gae, *TWO_RANKS, "--critic.num_gpus_per_node", "2")
+def test_two_critic_ranks_train_like_one(tmp_path, shared_run):
+    """gae: the critic's ranks shard the value forwards and split its updates like the actor's (against the shared
+    one-rank gae run that test_algorithm_flags reads too)."""
+    _, one = shared_run("gae", *GAE_FLAGS)
+    cfg, two = run_micro(tmp_path / "two", "gae-two", *GAE_FLAGS, *TWO_RANKS, "--critic.num_gpus_per_node", "2")
     assert "critic" in cfg.roles
     values_one, values_two = (by_sample(read_stage(run, 1, "advantage"), "values") for run in (one, two))
     for key in values_one:

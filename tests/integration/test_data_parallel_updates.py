@@ -18,22 +18,30 @@ pytestmark = pytest.mark.integration
 WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
 
 
-def run_update(tmp_path, tiny_model, world_size: int, zero_stage: int, layout: str) -> dict:
-    out = tmp_path / f"update-{world_size}-{zero_stage}-{layout}.pt"
+LAYOUTS = ["2-padded", "2-packed", "3-padded"]  # ZeRO stage, then how the micro-batches are laid out
+
+
+def run_updates(out_dir, tiny_model, world_size: int) -> dict[str, dict]:
+    """Every layout's update at `world_size` ranks, from one `torchrun` (its processes pay their imports once)."""
+    out_dir.mkdir()
     env = os.environ | {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size), "--master_port",
-           str(free_port()),
-           str(WORKER), str(tiny_model), str(out), str(zero_stage), layout]
+           str(free_port()), str(WORKER), str(tiny_model), str(out_dir), *LAYOUTS]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
-    return torch.load(out)
+    return {layout: torch.load(out_dir / f"{layout}.pt") for layout in LAYOUTS}
 
 
-@pytest.mark.parametrize(("zero_stage", "layout"), [(2, "padded"), (2, "packed"), (3, "padded")])
-def test_two_ranks_make_the_update_of_one(tmp_path, tiny_model, zero_stage, layout):
-    one = run_update(tmp_path, tiny_model, 1, zero_stage, layout)
-    two = run_update(tmp_path, tiny_model, 2, zero_stage, layout)
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory, tiny_model) -> dict[int, dict[str, dict]]:
+    root = tmp_path_factory.mktemp("updates")
+    return {world_size: run_updates(root / str(world_size), tiny_model, world_size) for world_size in (1, 2)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_two_ranks_make_the_update_of_one(updates, layout):
+    one, two = updates[1][layout], updates[2][layout]
     assert (one["world_size"], two["world_size"]) == (1, 2)
     largest = max(d.abs().max().item() for d in one["deltas"].values())
     assert largest > 1e-3  # the update moved the weights

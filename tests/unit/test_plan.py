@@ -156,8 +156,9 @@ def test_gpu_shares_never_exceed_one_gpu(num_roles, share):
 
 
 def test_cpu_device_asks_no_gpus():
-    cfg = config_with_inputs(train={"device": "cpu", "colocate_all": True}, algo={"advantage": {"estimator": "reinforce"}},
-                 actor={"num_gpus_per_node": 1}, ref={"num_gpus_per_node": 1}, vllm={"num_engines": 1})
+    cfg = config_with_inputs(train={"device": "cpu", "colocate_all": True},
+                             algo={"advantage": {"estimator": "reinforce"}}, actor={"num_gpus_per_node": 1},
+                             ref={"num_gpus_per_node": 1}, vllm={"num_engines": 1})
     assert make_placement(cfg).num_gpus == 0
     assert preflight_problems(cfg, num_gpus_found=0) == []
     assert render_plan(cfg).startswith("device: cpu; needs 0 GPUs (1 bundles)")

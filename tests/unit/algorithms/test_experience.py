@@ -107,7 +107,8 @@ ADV = torch.tensor([[1.0, 2.0, 9.0], [-1.0, 0.5, -0.5]])  # the 9 lies outside t
 
 
 def test_actor_objective_policy_loss_only():
-    loss, stats = actor_objective(PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, REF), ActorLossSettings(kl_coef=0.2), 5.0, 1.0)
+    batch = PolicyMicroBatch(LOGPROBS, OLD, ADV, MASK2, REF)
+    loss, stats = actor_objective(batch, ActorLossSettings(kl_coef=0.2), 5.0, 1.0)
     # −(1 + 2 − 1 + .5 − .5) / 5 = −0.4; KL not added without kl_use_loss
     _close(loss, -0.4)
     assert stats["policy_loss"] == pytest.approx(-0.4, abs=1e-6) and "kl_loss" not in stats
@@ -144,8 +145,9 @@ def test_micro_batches_add_up_with_random_ratios_and_clipping():
               ActorLossSettings(kl_coef=0.0, loss_type="gspo", clip_low=3e-4, clip_high=4e-4)):
         n = float(mask.sum())
         full, _ = actor_objective(PolicyMicroBatch(logprobs, old, adv, mask, ref), s, n, 1.0)
-        parts = [actor_objective(PolicyMicroBatch(logprobs[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], ref[i:i + 2]), s,
-                                 n, 2 / 6)[0] for i in (0, 2, 4)]
+        shares = [PolicyMicroBatch(logprobs[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], ref[i:i + 2])
+                  for i in (0, 2, 4)]
+        parts = [actor_objective(share, s, n, 2 / 6)[0] for share in shares]
         _close(sum(parts), full.item())
 
 

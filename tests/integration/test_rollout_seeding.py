@@ -3,6 +3,7 @@ repeatable (what retries and resumes rely on); without them the engine's own gen
 from __future__ import annotations
 
 import pytest
+import ray
 
 from hybrid_core.data.prompts import Prompt
 from hybrid_core.engines.rollout_step import PromptFormat, generate_rows
@@ -15,17 +16,33 @@ FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
+def engine(tiny_model, ray_session):
+    """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
+    a run); `responses` generates on it. Killed at the end of the module."""
+    from hybrid_core.workers.placement import role_env
 
-    return VllmRolloutEngine(EngineSettings(model_path=str(tiny_model), param_dtype="fp32",
-                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True, max_model_len=64))
+    @ray_session.remote(num_cpus=0)
+    class SeedingEngine:
+        def __init__(self, model_path: str):
+            from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
+
+            self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
+                                                           gpu_memory_utilization=0.05, seed=0, enforce_eager=True,
+                                                           max_model_len=64))
+
+        def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
+            return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
+                                 policy_version=0).to_pylist()
+
+    actor = SeedingEngine.options(runtime_env={"env_vars": role_env("rollout", on_cpu=True)}).remote(str(tiny_model))
+    yield actor
+    ray_session.kill(actor)
 
 
 def responses(engine, prompts, seed_per_prompt: bool, step: int = 1) -> dict[tuple[int, int], list[int]]:
     sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed_per_prompt=seed_per_prompt)
-    table = generate_rows(engine, engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step, policy_version=0)
-    return {(r["prompt_index"], r["sample_index"]): r["response_ids"] for r in table.to_pylist()}
+    rows = ray.get(engine.generate.remote(prompts, sampling, step), timeout=300)
+    return {(r["prompt_index"], r["sample_index"]): r["response_ids"] for r in rows}
 
 
 def test_per_prompt_seeds_repeat_and_ignore_the_batch(engine):

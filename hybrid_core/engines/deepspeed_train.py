@@ -94,6 +94,18 @@ def start_sleep_buffer(model_path: str, ds: DsConfig) -> PinnedHostBuffer | None
     return PinnedHostBuffer(count_parameters(model_path) * state_bytes_per_param(ds.param_dtype) + slack)
 
 
+def use_gloo_all_reduce_on_cpu() -> None:
+    """On CPU, DeepSpeed's communication backend JIT-compiles a shared-memory all-reduce op the first time a process
+    starts it (measured 84–131 s on the 2-core machine, and again each time a different ninja builds it: pip's 1.13
+    and a system 1.11 hash the same command line differently, so they rebuild each other's output). CPU runs are the
+    demo and tests with tiny models, where gloo's all-reduce is as good: the op is marked unavailable and DeepSpeed
+    falls back to torch.distributed, as on platforms without it (its compatibility table is kept for such edits)."""
+    import deepspeed.ops
+    from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 class DeepSpeedTrainEngine:
     """One DeepSpeed rank holding a trainable model (the policy, or the critic's value model)."""
 
@@ -101,6 +113,8 @@ class DeepSpeedTrainEngine:
                  total_optimizer_steps: int, pad_id: int, sleep_buffer: PinnedHostBuffer | None = None):
         import deepspeed
 
+        if not torch.cuda.is_available():
+            use_gloo_all_reduce_on_cpu()
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # data-parallel ranks of this role
         self.engine, *_ = deepspeed.initialize(

@@ -1,7 +1,7 @@
-"""Two data-parallel actor ranks (and two reference replicas and two vLLM engines) on CPU against the shared one-rank
-reference run of the same micro configuration: `rl-train` through real Ray, Prefect, vLLM's CPU build and DeepSpeed
-(gloo). Per-prompt seeds make the two engines generate what the one did; the ranks' sharded forwards and
-data-parallel updates must then give the one rank's logprobs, advantages and training figures."""
+"""Two data-parallel ranks of every role (actor, reference replicas, vLLM engines and the gae critic) on CPU against
+the shared one-rank run of the same micro configuration: `rl-train` through real Ray, Prefect, vLLM's CPU build and
+DeepSpeed (gloo). Per-prompt seeds make the two engines generate what the one did; the ranks' sharded forwards and
+data-parallel updates must then give the one rank's logprobs, values, advantages and training figures."""
 from __future__ import annotations
 
 import pytest
@@ -20,18 +20,22 @@ def by_sample(table, column: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
-    return run_micro(tmp_path_factory.mktemp("dp-runs"), "two-ranks", *TWO_RANKS)
+def two_rank_gae_run(tmp_path_factory, shared_run):
+    """The shared one-rank gae run and the same run with two ranks of every role: (one-rank run_dir, (cfg, two-rank
+    run_dir))."""
+    _, one = shared_run("gae", *GAE_FLAGS)
+    two = run_micro(tmp_path_factory.mktemp("dp-runs"), "gae-two", *GAE_FLAGS, *TWO_RANKS,
+                    "--critic.num_gpus_per_node", "2")
+    return one, two
 
 
-def test_two_ranks_train_like_one(reference_run, two_rank_run):
-    """Step 1 starts from the same weights: everything agrees to float rounding. Later steps start from weights
-    updated by Adam, whose first steps move each weight by about ±lr whatever the gradient's size, so a gradient
-    summed in another order may flip a near-zero one: their logprobs agree to 5e-3 and figures to 1%."""
-    (_, one), (cfg, two) = reference_run, two_rank_run
-    assert cfg.actor_world_size == 2 and cfg.vllm.num_engines == 2
-    one = one.run_dir
-    for step, (logprob_atol, figure_rel) in zip((1, 2, 3), ((1e-5, 1e-4), (5e-3, 1e-2), (5e-3, 1e-2))):
+def test_two_ranks_train_like_one(two_rank_gae_run):
+    """Step 1 starts from the same weights: everything agrees to float rounding. Step 2 starts from weights updated
+    by Adam, whose first steps move each weight by about ±lr whatever the gradient's size, so a gradient summed in
+    another order may flip a near-zero one: its logprobs agree to 5e-3 and figures to 1%."""
+    one, (cfg, two) = two_rank_gae_run
+    assert cfg.actor_world_size == 2 and cfg.vllm.num_engines == 2 and "critic" in cfg.roles
+    for step, (logprob_atol, figure_rel) in zip((1, 2), ((1e-5, 1e-4), (5e-3, 1e-2))):
         rollout_one, rollout_two = read_stage(one, step, "rollout"), read_stage(two, step, "rollout")
         assert by_sample(rollout_two, "response_ids") == by_sample(rollout_one, "response_ids"), step
         adv_one, adv_two = read_stage(one, step, "advantage"), read_stage(two, step, "advantage")
@@ -44,12 +48,9 @@ def test_two_ranks_train_like_one(reference_run, two_rank_run):
             assert metrics_two[name] == pytest.approx(metrics_one[name], rel=figure_rel, abs=1e-7), (step, name)
 
 
-def test_two_critic_ranks_train_like_one(tmp_path, shared_run):
-    """gae: the critic's ranks shard the value forwards and split its updates like the actor's (against the shared
-    one-rank gae run that test_algorithm_flags reads too)."""
-    _, one = shared_run("gae", *GAE_FLAGS)
-    cfg, two = run_micro(tmp_path / "two", "gae-two", *GAE_FLAGS, *TWO_RANKS, "--critic.num_gpus_per_node", "2")
-    assert "critic" in cfg.roles
+def test_two_critic_ranks_train_like_one(two_rank_gae_run):
+    """gae: the critic's ranks shard the value forwards and split its updates like the actor's."""
+    one, (_, two) = two_rank_gae_run
     values_one, values_two = (by_sample(read_stage(run, 1, "advantage"), "values") for run in (one, two))
     for key in values_one:
         assert values_two[key] == pytest.approx(values_one[key], rel=0, abs=1e-5), key

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -66,22 +67,6 @@ def read_artifacts(api_url: str, key: str) -> list[dict]:
         return sorted(json.loads(response.read()), key=lambda artifact: artifact["created"])
 
 
-def test_deployment_run_from_the_cli(server, tmp_path):
-    result = run_deployment(server, short_cfg(tmp_path), "deployed-run")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Completed" in result.stdout + result.stderr
-    for step in (1, 2):
-        for stage in ("rollout", "reward", "advantage", "metrics"):
-            assert (tmp_path / "deployed-run" / "steps" / str(step) / stage / "_SUCCESS").is_file()
-    table = read_artifacts(server.url, "rl-metrics-deployed-run")
-    assert len(table) == 2  # one version of the metrics table per step
-    rows = table[-1]["data"] if isinstance(table[-1]["data"], list) else json.loads(table[-1]["data"])
-    assert [r["step"] for r in rows] == [1, 2] and METRIC_KEYS <= set(rows[-1])
-    progress = read_artifacts(server.url, "rl-progress-deployed-run")
-    assert float(progress[-1]["data"]) == 100.0 and "ETA" in progress[-1]["description"]
-    assert read_artifacts(server.url, "rl-samples-deployed-run")[-1]["type"] == "markdown"
-
-
 def test_schema_invalid_parameters_are_refused_before_a_run_exists(server, tmp_path):
     result = run_deployment(server, short_cfg(tmp_path, rollout={"batch_size": -1}), "bad-schema")
     assert result.returncode != 0
@@ -99,11 +84,10 @@ def test_cross_field_errors_fail_the_flow_run_with_the_message(server, tmp_path)
     assert "vllm.enable_sleep cannot be combined with train.async_enable" in logs, output + logs
 
 
-def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
-    """A run whose reward function raises fails; after the fix, `prefect flow-run retry` of the same flow run
-    completes it, and no stage committed before the failure is generated again."""
-    import time
-
+def test_a_failed_deployment_run_is_retried_to_completion_without_regenerating(server, tmp_path):
+    """`prefect deployment run --watch` of a run whose reward function raises fails; after the fix, `prefect
+    flow-run retry` of the same flow run completes it, no stage committed before the failure is generated again, and the UI's artifacts show the run: one metrics table version per step, the
+    progress at 100% with an ETA, the samples as markdown."""
     reward = tmp_path / "flaky_reward.py"
     good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
     reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"
@@ -111,20 +95,31 @@ def test_flow_run_retry_resumes_without_regenerating(server, tmp_path):
     cfg = short_cfg(tmp_path, reward={"remote_url": str(reward)}, train={"max_steps": 2, "stage_retries": 0})
     failed = run_deployment(server, cfg, "retried")
     assert failed.returncode != 0
+    assert "broken until fixed" in flow_run_logs(server, failed)
     flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", failed.stdout + failed.stderr).group(1)
     reward.write_text(good)
     assert server.cli("flow-run", "retry", flow_run_id).returncode == 0
+    # (`prefect flow-run watch` replays the first attempt's events and stops at its Failed: the state is polled)
     deadline, state = time.time() + 600, ""
     while time.time() < deadline and state not in ("COMPLETED", "FAILED", "CRASHED"):
         time.sleep(2)
         state = json.loads(urllib.request.urlopen(f"{server.url}/flow_runs/{flow_run_id}", timeout=10).read())[
             "state_type"]
-    assert state == "COMPLETED"
+    assert state == "COMPLETED", flow_run_logs(server, failed)[-3000:]
     events = [json.loads(line) for line in (tmp_path / "retried" / "events.jsonl").read_text().splitlines()]
     starts = [(e["step"], e["stage"]) for e in events if e["event"] == "start"]
     assert starts.count((1, "rollout")) == 1  # committed before the failure: replayed, not generated again
     assert (1, "rollout", "replay") in {(e["step"], e["stage"], e["event"]) for e in events}
-    assert (tmp_path / "retried" / "steps" / "2" / "metrics" / "_SUCCESS").is_file()
+    for step in (1, 2):
+        for stage in ("rollout", "reward", "advantage", "metrics"):
+            assert (tmp_path / "retried" / "steps" / str(step) / stage / "_SUCCESS").is_file()
+    table = read_artifacts(server.url, "rl-metrics-retried")
+    assert len(table) == 2  # one version of the metrics table per step
+    rows = table[-1]["data"] if isinstance(table[-1]["data"], list) else json.loads(table[-1]["data"])
+    assert [r["step"] for r in rows] == [1, 2] and METRIC_KEYS <= set(rows[-1])
+    progress = read_artifacts(server.url, "rl-progress-retried")
+    assert float(progress[-1]["data"]) == 100.0 and "ETA" in progress[-1]["description"]
+    assert read_artifacts(server.url, "rl-samples-retried")[-1]["type"] == "markdown"
 
 
 # every bad input of `hybrid train`'s refusal tests (tests/unit/test_cli_refusals.py), grouped so that one
@@ -189,8 +184,6 @@ def test_the_schedule_is_registered_as_declared(server):
 
 
 def test_the_event_trigger_starts_the_demo(server):
-    import time
-
     demo = _deployment(server, "demo-cpu")
     emitted = server.cli("event", "emit", "hybrid.dataset.updated", "--resource-id", "hybrid.dataset.letters")
     assert emitted.returncode == 0, emitted.stdout + emitted.stderr

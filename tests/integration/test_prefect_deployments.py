@@ -86,8 +86,9 @@ def test_cross_field_errors_fail_the_flow_run_with_the_message(server, tmp_path)
 
 def test_a_failed_deployment_run_is_retried_to_completion_without_regenerating(server, tmp_path):
     """`prefect deployment run --watch` of a run whose reward function raises fails; after the fix, `prefect
-    flow-run retry` of the same flow run completes it, no stage committed before the failure is generated again, and the UI's artifacts show the run: one metrics table version per step, the
-    progress at 100% with an ETA, the samples as markdown."""
+    flow-run retry` of the same flow run completes it, no stage committed before the failure is generated again,
+    and the UI's artifacts show the run: one metrics table version per step, the progress at 100% with an ETA, the
+    samples as markdown."""
     reward = tmp_path / "flaky_reward.py"
     good = (REPO_ROOT / "data" / "letters_reward.py").read_text()
     reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n"

@@ -113,9 +113,10 @@ class DeepSpeedTrainEngine:
                  total_optimizer_steps: int, pad_id: int, sleep_buffer: PinnedHostBuffer | None = None):
         import deepspeed
 
-        if not torch.cuda.is_available():
+        on_cpu = device_name() == "cpu"
+        if on_cpu:
             use_gloo_all_reduce_on_cpu()
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # data-parallel ranks of this role
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],

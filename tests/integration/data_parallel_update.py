@@ -67,7 +67,6 @@ def main(model_dir: str, out_dir: str, layouts: list[str]) -> None:
     for layout in layouts:
         zero_stage, batching = layout.split("-")
         update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed")
-        dist.barrier()
     dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
     dist.destroy_process_group()
 

@@ -1,4 +1,5 @@
-"""The `hybrid` console script: `hybrid train [--config FILE] [flags]` and `hybrid plan [--config FILE] [flags]`.
+"""The `hybrid` console script: `hybrid train [--config FILE] [flags]`, `hybrid plan [--config FILE] [flags]` and the
+small commands (`rollouts`, `deploy`, `serve-reward`).
 
 Owns the command line: parsing into RunConfig, the preflight refusal (one message, exit 2, before Ray or Prefect
 start) and running the `rl-train` flow on Prefect's embedded server unless PREFECT_API_URL points elsewhere.
@@ -14,11 +15,13 @@ USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>
        hybrid plan [--config FILE.yaml] [flags]
        hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]
        hybrid deploy
+       hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] [--path /get_reward]
 
   train   run the rl-train flow (refuses unimplemented flags and missing hardware first)
   plan    validate the configuration and print the placement and per-GPU memory, without starting anything
   rollouts  print per-step summaries and samples of a run's datasets
   deploy  register the deployments of prefect.yaml with the Prefect server (`prefect deploy --all`)
+  serve-reward  serve a reward file's reward_func over HTTP, for --reward.remote_url http://HOST:P/PATH
 """
 
 
@@ -167,11 +170,37 @@ def deploy_command(argv: list[str]) -> int:
     return subprocess.run([str(prefect), "--no-prompt", "deploy", "--all", *argv], cwd=root).returncode
 
 
+SERVE_REWARD_USAGE = "usage: hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] [--path /get_reward]"
+
+
+def serve_reward_command(argv: list[str]) -> int:
+    """Serve a reward file as an OpenRLHF reward server until interrupted (port 0: a free port, printed)."""
+    from hybrid_core.rewards.reward_server import DEFAULT_HOST, DEFAULT_PATH, serve
+
+    options = {"--reward-func": None, "--port": None, "--host": DEFAULT_HOST, "--path": DEFAULT_PATH}
+    rest = list(argv)
+    for flag in options:
+        value, rest = _take(rest, flag)
+        options[flag] = value if value is not None else options[flag]
+    if rest or options["--reward-func"] is None or options["--port"] is None:
+        return _fail(f"{SERVE_REWARD_USAGE}\n(got: {' '.join(argv) or 'no arguments'})")
+    if not options["--port"].isdigit() or int(options["--port"]) > 65535:
+        return _fail(f"hybrid serve-reward: --port must be a port number 0-65535: got {options['--port']!r}")
+    try:
+        serve(options["--reward-func"], host=options["--host"], port=int(options["--port"]), path=options["--path"])
+    except (FileNotFoundError, ValueError, SyntaxError, ImportError, OSError) as err:
+        return _fail(f"hybrid serve-reward cannot start: {type(err).__name__}: {err}")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from flows.rollouts_cli import rollouts_command
 
-    commands = {"train": train_command, "plan": plan_command, "deploy": deploy_command, "rollouts": rollouts_command}
+    commands = {"train": train_command, "plan": plan_command, "deploy": deploy_command, "rollouts": rollouts_command,
+                "serve-reward": serve_reward_command}
     if not argv or argv[0] not in commands:
         print(USAGE, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -102,7 +102,7 @@ class RefConfig(ConfigBlock):
 class RewardConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
-        "timeout_s", "max_retries"})
+        "timeout_s", "max_retries", "remote_batch_size"})
     model_name_or_path: str | None = Field(None, description="reward model path")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
@@ -115,6 +115,7 @@ class RewardConfig(ConfigBlock):
     stop_properly_penalty_coef: float | None = Field(None, description="ProRL truncation penalty")
     timeout_s: float = Field(180.0, gt=0, description="PROJECT: timeout of one remote reward call")
     max_retries: int = Field(5, ge=0, description="PROJECT: retries of one remote reward call")
+    remote_batch_size: int = Field(32, gt=0, description="PROJECT: samples per POST to a remote reward server")
 
 
 class VllmConfig(ConfigBlock):

@@ -96,7 +96,8 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                    max_len=d.max_len),
         sampling=SamplingSettings(n=r.n_samples_per_prompt, max_new_tokens=max_new_tokens(cfg),
                                   temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt),
-        reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries),
+        reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries,
+                                remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
         num_engines=num_engines(cfg), faults=faults)

@@ -5,6 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODEL := data/tiny-qwen3/config.json
+REWARD_MODEL := data/tiny-qwen3-rm/config.json
 PYTEST_ARGS ?=
 
 .PHONY: install model run test test-gpu clean
@@ -19,10 +20,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-model: $(MODEL)
+model: $(MODEL) $(REWARD_MODEL)
 
 $(MODEL): data/build_tiny_model.py | $(STAMP)
 	$(PY) data/build_tiny_model.py data/tiny-qwen3
+
+$(REWARD_MODEL): data/build_tiny_model.py | $(STAMP)
+	$(PY) data/build_tiny_model.py --reward data/tiny-qwen3-rm
 
 run: install model
 	$(VENV)/bin/hybrid train --config data/demo.yaml
@@ -34,4 +38,4 @@ test-gpu:
 	python3 -m pytest -m gpu tests/gpu
 
 clean:
-	rm -rf $(VENV) data/tiny-qwen3 .pytest_cache
+	rm -rf $(VENV) data/tiny-qwen3 data/tiny-qwen3-rm .pytest_cache

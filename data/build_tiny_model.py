@@ -4,8 +4,11 @@ Owns the demo/test model recipe only. head_dim is 64 because vLLM's CPU attentio
 embeddings are untied because vLLM's CPU backend does not refresh a tied lm_head when weights are reloaded.
 It also builds random-weight stand-ins of real Qwen3 shapes (data/model_shapes.json) for GPU tests and benchmarks:
 the same character tokenizer, its vocabulary padded with placeholder tokens up to the model's vocab_size so every
-id decodes, bf16 weights with the shape's tying.
+id decodes, bf16 weights with the shape's tying. `--reward` builds the tiny reward model beside it: the tiny policy's
+backbone shape and tokenizer with a seeded random value head `score` (transformers' Qwen3ForSequenceClassification,
+one label), the layout OpenRLHF's reward models have, and a `mean`/`std` for --reward.normalize_enable.
 Usage: python data/build_tiny_model.py [OUT_DIR]   (default: data/tiny-qwen3)
+       python data/build_tiny_model.py --reward [OUT_DIR]   (default: data/tiny-qwen3-rm)
        python data/build_tiny_model.py --standin Qwen/Qwen3-1.7B OUT_DIR [--device cuda]
 """
 import json
@@ -66,6 +69,30 @@ def build(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+# What OpenRLHF's train_rm stores in a reward model's config.json: the head's name and, with normalisation, the
+# training rewards' mean and std (made up here, so normalising visibly changes the rewards).
+REWARD_CONFIG = {"value_head_prefix": "score", "mean": 0.05, "std": 0.2}
+
+
+def build_reward_model(out_dir: Path, seed: int = 1) -> Path:
+    """Write the tiny reward model (tokenizer, backbone, value head) into `out_dir`; same seed, same bytes."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForSequenceClassification
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    config = Qwen3Config(vocab_size=64 * ((len(tokenizer) + 63) // 64), tie_word_embeddings=False, num_labels=1,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+                         rope_theta=10000.0, torch_dtype="float32", **MODEL_SHAPE, **REWARD_CONFIG)
+    torch.manual_seed(seed)
+    model = Qwen3ForSequenceClassification(config).to(torch.float32)
+    torch.nn.init.normal_(model.score.weight, std=1.0 / (config.hidden_size + 1) ** 0.5)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    (out_dir / "BUILT_BY").write_text(json.dumps({"script": "data/build_tiny_model.py", "reward": True,
+                                                  "seed": seed}) + "\n")
+    return out_dir
+
+
 def build_standin(name: str, out_dir: Path, device: str = "cpu", seed: int = 0) -> Path:
     """A random-weight bf16 model with the shape of hub model `name` (data/model_shapes.json)."""
     import torch
@@ -93,6 +120,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--standin":
         device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
         print(f"stand-in written to {build_standin(sys.argv[2], Path(sys.argv[3]), device)}")
+    elif len(sys.argv) > 1 and sys.argv[1] == "--reward":
+        target = Path(sys.argv[2] if len(sys.argv) > 2 else Path(__file__).parent / "tiny-qwen3-rm")
+        print(f"tiny reward model written to {build_reward_model(target)}")
     else:
         target = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "tiny-qwen3")
         print(f"tiny model written to {build(target)}")

@@ -102,12 +102,13 @@ class RefConfig(ConfigBlock):
 class RewardConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
-        "timeout_s", "max_retries", "remote_batch_size"})
-    model_name_or_path: str | None = Field(None, description="reward model path")
+        "timeout_s", "max_retries", "remote_batch_size", "model_name_or_path", "num_nodes", "num_gpus_per_node",
+        "offload", "normalize_enable"})
+    model_name_or_path: str | None = Field(None, description="reward model (a local dir: backbone + value head)")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
     num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the reward model")
-    offload: bool = Field(False, description="ZeRO param offload of the reward model to CPU")
+    offload: bool = Field(False, description="reward model weights in host memory outside the reward stage")
     normalize_enable: bool = Field(False, description="normalize rewards with the RM's mean/std")
     clip_range: tuple[float, float] = Field((-10.0, 10.0), description="reward clip range (low high)")
     overlong_buffer_len: int | None = Field(None, gt=0, description="DAPO overlong buffer length")
@@ -258,10 +259,10 @@ class TrainConfig(ConfigBlock):
 
 class DataConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"prompt_dataset", "input_key", "label_key", "input_template", "apply_chat_template", "max_len",
-        "max_samples"})
-    prompt_dataset: str | None = Field(None, description="prompt dataset(s), comma-separated")
-    prompt_probs: str | None = Field(None, description="sampling probabilities, comma-separated")
+        {"prompt_dataset", "prompt_probs", "prompt_split", "input_key", "label_key", "input_template",
+         "apply_chat_template", "max_len", "max_samples"})
+    prompt_dataset: str | None = Field(None, description="prompt dataset(s), comma-separated: files, folders, hub names")
+    prompt_probs: str | None = Field(None, description="sampling probabilities, comma-separated (unset: concatenate)")
     prompt_split: str = Field("train", description="dataset split")
     input_key: str = Field("input", description="prompt column")
     label_key: str | None = Field(None, description="label column")
@@ -276,17 +277,20 @@ class DataConfig(ConfigBlock):
 
 
 class EvalConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
-    dataset: str | None = Field(None, description="eval dataset (needs a remote reward or agent)")
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"dataset", "split", "steps", "temperature", "n_samples_per_prompt", "at_start"})
+    dataset: str | None = Field(None, description="eval dataset(s), comma-separated (needs a reward function or "
+                                "remote reward)")
     split: str = Field("train", description="eval split")
     steps: int = Field(-1, ge=-1, description="evaluate every N steps (-1: never)")
     temperature: float = Field(0.6, ge=0, description="eval temperature")
-    n_samples_per_prompt: int = Field(4, gt=0, description="eval samples per prompt")
+    n_samples_per_prompt: int = Field(4, gt=0, description="eval samples per prompt (the k of pass@k)")
+    at_start: bool = Field(False, description="PROJECT: also evaluate the initial policy, as step 0")
 
 
 class CkptConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"path", "output_dir", "save_steps", "save_hf", "max_num", "load_enable"})
+        {"path", "output_dir", "save_steps", "save_hf", "max_num", "load_enable", "best_metric_key"})
     path: str = Field("./ckpt/checkpoints_ppo_ray", description="DeepSpeed checkpoint directory")
     output_dir: str = Field("./ckpt", description="final HF model directory")
     save_steps: int = Field(-1, ge=-1, description="checkpoint every N steps (-1: never)")
@@ -295,7 +299,8 @@ class CkptConfig(ConfigBlock):
     max_num: int = Field(3, gt=0, description="checkpoints kept")
     max_mem: float = Field(1e8, gt=0, description="checkpoint disk budget in GB")
     load_enable: bool = Field(False, description="resume from ckpt.path")
-    best_metric_key: str = Field("", description="metric for the best checkpoint ('none' disables)")
+    best_metric_key: str = Field("", description="eval metric whose best checkpoint rotation keeps ('': the first "
+                                 "eval/*_pass1; 'none' disables)")
 
 
 class WandbConfig(ConfigBlock):

@@ -271,6 +271,7 @@ class _GpuRoles:
     actor: TrainerBytes
     critic: TrainerBytes | None
     ref: tuple[Term, ...]
+    reward: tuple[Term, ...]  # (weights, forward) of the reward model, or ()
     vllm_gib: float
     resident: tuple[Term, ...]  # held in every phase: contexts, library buffers, weight-sync buffers
 
@@ -285,19 +286,34 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
         terms += roles.ref if name == "experience" else roles.ref[:1]
     if roles.critic is not None:
         terms += _trainer_terms("critic", roles.critic, name, "critic train", cfg.ds.enable_sleep)
+    if roles.reward:  # it empties PyTorch's cache after its forwards; offloaded, its weights visit for them only
+        is_held = name == "reward" or not cfg.reward.offload
+        terms += (roles.reward if name == "reward" else roles.reward[:1]) if is_held else ()
     return Phase(name, (*terms, *roles.resident))
+
+
+def reward_model_terms(cfg: RunConfig) -> tuple[Term, ...]:
+    """The reward model's weights (embedding, layers, final norm and a value head: no vocabulary head) and its
+    no-grad forward. The forward holds the residual stream and one layer's activations at a time, about one layer's
+    full activations per token (`layer_bytes_per_token`; not measured on a GPU yet)."""
+    shape = model_shape(cfg.reward.model_name_or_path, "reward.model_name_or_path")
+    param_bytes = PARAM_BYTES[cfg.ds.param_dtype]
+    params = shape.vocab_size * shape.hidden_size + shape.non_embedding_params + shape.hidden_size
+    forward = forward_tokens_of(cfg) * shape.layer_bytes_per_token(param_bytes)
+    return Term("reward model weights", params * param_bytes / GIB), Term("reward model forward", forward / GIB)
 
 
 def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...] | None = None) -> MemoryPlan:
     """Per-GPU memory of the roles sharing one of the actor's GPUs, phase by phase, on a GPU of `gpu_total_gib`.
 
-    Phases: rollout (vLLM generates), experience (no-grad logprob forwards), train (the actor's update) and, with a
-    critic, critic train. vLLM reserves `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache
-    and activations. The reference model keeps its weights; its logprob forward counts in the experience phase.
+    Phases: rollout (vLLM generates), with a reward model reward (its forwards), experience (no-grad logprob
+    forwards), train (the actor's update) and, with a critic, critic train. vLLM reserves
+    `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache and activations. The reference model
+    keeps its weights; its logprob forward counts in the experience phase; the reward model's in the reward phase.
 
     Args:
-        roles: the roles placed on the actor's GPUs ("actor", "ref", "critic", "rollout"); default `cfg.roles`,
-            every role on one GPU (train.colocate_all).
+        roles: the roles placed on the actor's GPUs ("actor", "ref", "critic", "reward", "rollout"); default
+            `cfg.roles`, every role on one GPU (train.colocate_all).
 
     Raises:
         ValueError: when a model's shape is unknown (see `model_shape`).
@@ -313,15 +329,18 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
     if "ref" in roles:
         # the policy's shape and dtype, partitioned like the actor's weights under ZeRO-3
         ref = (Term("ref weights", actor.weights), Term("ref logprob forward", actor.forward))
+    reward = reward_model_terms(cfg) if "reward" in roles and cfg.reward.model_name_or_path else ()
     num_vllm = math.ceil(cfg.num_rollout_gpus / cfg.actor_world_size) if "rollout" in roles else 0
-    num_processes = 1 + num_vllm + ("ref" in roles) + (critic is not None)
+    num_processes = 1 + num_vllm + ("ref" in roles) + (critic is not None) + bool(reward)
     resident = (Term("CUDA contexts", num_processes * CONTEXT_GIB),
                 Term("DeepSpeed NCCL/cuBLAS buffers", (1 + (critic is not None)) * DEEPSPEED_RUNTIME_GIB))
     if num_vllm:  # the actor packs weight buckets into persistent buffers that vLLM maps through CUDA IPC
         bucket_bytes = max(cfg.vllm.sync_bucket_mb * 2**20, shape.largest_param_numel * PARAM_BYTES[cfg.ds.param_dtype])
         resident += (Term("actor weight-sync buffers", SYNC_BUFFERS * bucket_bytes / GIB),)
-    gpu_roles = _GpuRoles(actor, critic, ref, num_vllm * cfg.vllm.gpu_memory_utilization * gpu_total_gib, resident)
-    names = ("rollout", "experience", "train") + (("critic train",) if critic is not None else ())
+    gpu_roles = _GpuRoles(actor, critic, ref, reward, num_vllm * cfg.vllm.gpu_memory_utilization * gpu_total_gib,
+                          resident)
+    names = ("rollout",) + (("reward",) if reward else ()) + ("experience", "train") \
+        + (("critic train",) if critic is not None else ())
     phases = tuple(_phase(name, gpu_roles, cfg) for name in names)
     return MemoryPlan(phases, gpu_total_gib, _notes(cfg, shape, actor, num_vllm, roles))
 
@@ -340,8 +359,9 @@ def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int
     if cfg.ds.enable_sleep:
         notes.append(f"DeepSpeed sleeps outside its train phase: optimizer states wait in pinned host memory "
                      f"({actor.optimizer:.2f} GiB of RAM per GPU for the actor)")
-    if "reward" in roles:
-        notes.append("the reward model is not estimated")
+    if "reward" in roles and cfg.reward.model_name_or_path and cfg.reward.offload:
+        notes.append(f"reward.offload: the reward model's weights wait in host memory outside the reward phase "
+                     f"({reward_model_terms(cfg)[0].gib:.2f} GiB of RAM per GPU)")
     return tuple(notes)
 
 

@@ -189,6 +189,21 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> str:
             f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}")
 
 
+def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
+    """Where the reward model's ranks sit (each scores a share of a step's samples); nothing without one."""
+    group = placement.group_of("reward")
+    if group is None:
+        return []
+    index = placement.groups.index(group) + 1
+    beside = [role for role in group.roles if role != "reward"]
+    where = f"beside {', '.join(beside)}" if beside else "alone"
+    normalized = "normalized by its config's mean/std" if cfg.reward.normalize_enable else "raw"
+    offloaded = "; weights in host memory outside the reward stage" if cfg.reward.offload else ""
+    path = cfg.reward.model_name_or_path or "not set (give --reward.model_name_or_path or --reward.remote_url)"
+    return [f"reward model: {path}, {group.num_bundles} ranks in group {index} ({where}), "
+            f"rewards {normalized}{offloaded}"]
+
+
 def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:
     """The human report of `hybrid plan`: size, placement groups, sleep modes, not-implemented flags and, given
     `gpu_total_gib` (per-GPU memory; `is_gpu_assumed` when no GPU was found to measure), the memory estimate."""
@@ -199,6 +214,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
              "placement:"]
     lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
     lines.append(_rollout_line(cfg, placement))
+    lines += _reward_lines(cfg, placement)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
     missing = not_implemented(cfg)
@@ -233,7 +249,7 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
     problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
-        + _memory_problems(cfg, gpu_total_gib)
+        + _reward_model_problems(cfg) + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
@@ -259,7 +275,8 @@ def _rank_problems(cfg: RunConfig) -> list[str]:
     to run in lockstep). Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py (2026-11-29)."""
     problems, world = [], cfg.actor_world_size
     nodes = {f"{role}.num_nodes": block.num_nodes for role, block in
-             (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic)) if block.num_nodes > 1}
+             (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic), ("reward", cfg.reward))
+             if block.num_nodes > 1}
     if nodes:
         problems.append("not implemented yet: ranks on several nodes (" + ", ".join(f"{k} {v}" for k, v in
                         nodes.items()) + "); use num_nodes 1 and num_gpus_per_node for the ranks")
@@ -299,17 +316,48 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
 
 
 def _missing_inputs(cfg: RunConfig) -> list[str]:
-    """Local inputs that must exist before anything starts (this checks files only, never the network)."""
-    checks = [("actor.model_name_or_path", cfg.actor.model_name_or_path, "a local HF model directory"),
-              ("data.prompt_dataset", cfg.data.prompt_dataset, "a local JSONL/Parquet file or dataset directory"),
-              ("reward.remote_url", cfg.reward.remote_url, "a .py file defining reward_func")]
+    """Inputs that must exist before anything starts: local paths that are there, or hub names (this checks files
+    only, never the network; the preflight checks a hub model against the cache when HF_HUB_OFFLINE is set)."""
+    from hybrid_core.hub import is_hub_name
+
+    checks = [("actor.model_name_or_path", cfg.actor.model_name_or_path,
+               "a local HF model directory or a hub model id", True),
+              ("data.prompt_dataset", cfg.data.prompt_dataset,
+               "a local JSONL/JSON/CSV/Parquet/Arrow file, a dataset folder or a hub dataset name", True)]
+    if cfg.reward.remote_url is not None:  # neither it nor a reward model: `_reward_model_problems`
+        checks.append(("reward.remote_url", cfg.reward.remote_url, "a .py file defining reward_func", False))
     problems = []
-    for field, value, what in checks:
+    for field, value, what, takes_hub_names in checks:
         if value is None:
             problems.append(f"{field} is required: got None; give {what}")
-        elif not value.startswith(("http://", "https://")) and not Path(value).exists():
-            problems.append(f"{field} does not exist: got {value!r}; give {what}")
+            continue
+        entries = [v.strip() for v in value.split(",")] if field == "data.prompt_dataset" else [value]
+        for entry in entries:
+            if entry.startswith(("http://", "https://")) or Path(entry).exists():
+                continue
+            if not (takes_hub_names and is_hub_name(entry)):
+                problems.append(f"{field} does not exist: got {entry!r}; give {what}")
     return problems
+
+
+def _reward_model_problems(cfg: RunConfig) -> list[str]:
+    """The reward model is a local directory (its value head is the preflight's to check), and it scores alone:
+    OpenRLHF 0.11 creates no RewardModelActor when reward.remote_url is set (`train_ppo_ray.py`), so a model given
+    beside a URL would silently do nothing."""
+    path, url = cfg.reward.model_name_or_path, cfg.reward.remote_url
+    if path is None and url is None and cfg.train.agent_func_path is None:
+        return ["reward.remote_url or reward.model_name_or_path is required: got neither; give a .py file defining "
+                "reward_func, reward server URLs, or a reward model directory"]
+    if path is None:
+        return []
+    if url is not None:
+        return [f"reward.model_name_or_path {path!r} is never used with reward.remote_url {url!r}: as in OpenRLHF "
+                "0.11 the remote reward (or reward function) replaces the reward model, and nothing combines the "
+                "two; drop --reward.model_name_or_path, or drop --reward.remote_url to score with the model"]
+    if not Path(path).is_dir():
+        return [f"reward.model_name_or_path does not exist: got {path!r}; give a local HF directory holding the "
+                "reward model (a backbone and a value head; `make model` builds data/tiny-qwen3-rm)"]
+    return []
 
 
 def count_gpus() -> int:

@@ -1,6 +1,7 @@
 """Everything a run must pass before anything starts, as one list of problems: the plan's (unimplemented flags,
-placement, hardware, memory) and the inputs' (the prompt dataset, the reward file, the model directory, the store
-root, and the run directory: another configuration under an existing run id, a damaged manifest, data without one).
+placement, hardware, memory) and the inputs' (the prompt datasets, the reward file, the model directories or hub
+ids, the store root, and the run directory: another configuration under an existing run id, a damaged manifest,
+data without one).
 
 `hybrid train` runs it before Ray or Prefect start, and the `rl-train` flow runs it again as its first task, so
 every entry point (CLI, deployment, `rl_train()`, a flow-run retry, `ray job submit`) refuses the same problems with
@@ -8,12 +9,14 @@ the same message. Local checks take well under a second. It starts nothing.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hybrid_core.config import RunConfig
 from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
+from hybrid_core.hub import model_hub_problems
 from hybrid_core.plan import preflight_problems as plan_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
 from hybrid_core.types import PermanentError
@@ -34,27 +37,59 @@ def refusal(problems: list[str]) -> str:
     return "hybrid train cannot start:\n" + "\n".join(f"  - {problem}" for problem in problems)
 
 
-def model_problems(path: str | None) -> list[str]:
-    """A local model directory must hold a config.json and weights (its existence is the plan's to check)."""
+def model_problems(path: str | None, field: str = "actor.model_name_or_path") -> list[str]:
+    """A local model directory must hold a config.json and weights (its existence is the plan's to check); a hub
+    id must be in the local cache when HF_HUB_OFFLINE is set."""
     model = Path(path) if path else None
     if model is None or not model.is_dir():
-        return []
+        return model_hub_problems(field, path)
     missing = [what for what, present in (("config.json", (model / "config.json").is_file()),
                                           ("weights (*.safetensors or *.bin)",
                                            any(next(model.glob(p), None) for p in WEIGHT_FILES))) if not present]
     if not missing:
         return []
-    return [f"actor.model_name_or_path {path!r} holds no {' and no '.join(missing)}; give a Hugging Face model "
-            "directory (save_pretrained output)"]
+    return [f"{field} {path!r} holds no {' and no '.join(missing)}; give a Hugging Face model directory "
+            "(save_pretrained output) or a hub model id"]
+
+
+def safetensors_names(file: Path) -> set[str]:
+    """The tensor names of a .safetensors file, from its header (8 bytes of length, then JSON) alone."""
+    with file.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return set(header) - {"__metadata__"}
+
+
+def value_head_problems(path: str | None, value_head_prefix: str) -> list[str]:
+    """A reward model directory holds its value head: `<prefix>.weight`, the prefix from its config.json's
+    `value_head_prefix` (as OpenRLHF's loader reads it) or `ds.value_head_prefix`. Safetensors checkpoints only
+    (a pytorch_model.bin is checked when the worker loads it)."""
+    model = Path(path) if path else None
+    files = sorted(model.glob("*.safetensors")) if model and (model / "config.json").is_file() else []
+    if not files:
+        return []
+    prefix = json.loads((model / "config.json").read_text()).get("value_head_prefix", value_head_prefix)
+    key = f"{prefix}.weight"
+    if any(key in safetensors_names(file) for file in files):
+        return []
+    source = "its config.json's value_head_prefix" if prefix != value_head_prefix else "ds.value_head_prefix"
+    return [f"reward.model_name_or_path {path!r} holds no value head {key!r} ({source} {prefix!r}): give a reward "
+            "model (a sequence-classification checkpoint with one label, or OpenRLHF's train_rm output), or name "
+            "its head with --ds.value_head_prefix"]
 
 
 def input_problems(cfg: RunConfig) -> list[str]:
     """The local inputs can feed the run: dataset rows, the reward file, the model directory."""
     d, url = cfg.data, cfg.reward.remote_url
     problems = model_problems(cfg.actor.model_name_or_path)
-    if d.prompt_dataset and Path(d.prompt_dataset).exists():
-        problems += prompt_dataset_problems(d.prompt_dataset, d.input_key, d.label_key, cfg.rollout.batch_size,
-                                            d.max_samples, d.prompt_split)
+    problems += model_problems(cfg.critic.model_name_or_path, "critic.model_name_or_path")
+    problems += model_problems(cfg.reward.model_name_or_path, "reward.model_name_or_path")
+    problems += value_head_problems(cfg.reward.model_name_or_path, cfg.ds.value_head_prefix)
+    sources = [name.strip() for name in (d.prompt_dataset or "").split(",")]
+    for source in sources:  # local sources are read here; hub datasets when the rollout worker loads them
+        if source and Path(source).exists():  # a mix's step size is checked on the mix, by the worker
+            batch_size = cfg.rollout.batch_size if len(sources) == 1 else 0
+            problems += prompt_dataset_problems(source, d.input_key, d.label_key, batch_size, d.max_samples,
+                                                d.prompt_split)
     if url and url.endswith(".py"):
         problems += reward_file_problems(url)
     return problems

@@ -21,9 +21,10 @@ from hybrid_core.workers import placement
 from hybrid_core.workers.actor import ActorWorker
 from hybrid_core.workers.critic import CriticWorker
 from hybrid_core.workers.ref import RefWorker
+from hybrid_core.workers.reward_model import RewardModelWorker
 from hybrid_core.workers.rollout import RolloutWorker
 from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, forward_batching, model_output_uri,
-                                             num_engines, role_ranks, rollout_args)
+                                             num_engines, reward_model_settings, role_ranks, rollout_args)
 
 LIVE_TIMEOUT_S = 120  # a live worker still finishing a call of the killed driver answers after it
 CLOSE_TIMEOUT_S = 15  # flushing the metric sinks takes well under a second
@@ -58,7 +59,8 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
 def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     """Start every actor of the run at once (their processes import side by side), then build their engines; returns
     the run's number of steps. On a GPU the rollout engines are built first (their memory profile must run before
-    the trainers allocate), then the actor's, reference's and critic's ranks together; on CPU all at once."""
+    the trainers allocate), then the actor's, reference's, critic's and reward model's ranks together; on CPU all at
+    once."""
     num_bundles, bundles = role_bundles(cfg)
     slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
     on_cpu = cfg.train.device == "cpu"
@@ -68,7 +70,8 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
                for rank in range(num_engines(cfg))]
     groups = {role: _spawn_ranks(pg, cls, role, slots[role], ranks[role])
               for role, cls, is_used in (("actor", ActorWorker, True), ("ref", RefWorker, cfg.uses_ref),
-                                         ("critic", CriticWorker, cfg.uses_critic)) if is_used}
+                                         ("critic", CriticWorker, cfg.uses_critic),
+                                         ("reward", RewardModelWorker, cfg.uses_reward_model)) if is_used}
     faults, extensions = placement.injected_faults(), placement.extensions_dir()
     rollout = rollout_args(cfg, faults)
     num_steps = rollout.prompts.num_steps()  # counted here while the processes import: the trainers need it
@@ -79,7 +82,8 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
     frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel)
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
-               "ref": lambda rank: frozen}  # the reference's replicas are alike: no rank of their own
+               "ref": lambda rank: frozen,  # the reference's and reward model's replicas are alike: no rank
+               "reward": lambda rank: (reward_model_settings(cfg),)}
     # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
     building += [handle.construct.remote(*args_of[role](rank))
                  for role, handles in groups.items() for rank, handle in enumerate(handles)]
@@ -132,7 +136,7 @@ def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
     placement.connect()
     store = RolloutStore(run.run_dir)
     steps, committed = store.manifest()["steps"], store.committed_markers()
-    first = first_incomplete_step(steps, committed, cfg.ckpt.save_steps)
+    first = first_incomplete_step(steps, committed, save_steps=cfg.ckpt.save_steps, eval_steps=cfg.eval.steps)
     done = {stage for k, stage in committed if k == first}
     live, num_steps = live_versions(run, num_engines(cfg), role_ranks(cfg))
     model_uri = model_output_uri(cfg, run)

@@ -11,17 +11,18 @@ from dataclasses import dataclass
 import pyarrow as pa
 import torch
 
-from hybrid_core.data.prompts import PromptSampler, load_prompt_rows, step_count
+from hybrid_core.data.prompts import PromptRow, PromptSampler, load_prompt_rows, step_count
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.sync_group import WeightSyncGroup
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
-from hybrid_core.rewards.sources import RewardSourceSpec, open_reward_source
+from hybrid_core.rewards.sources import RewardModelSource, RewardSource, RewardSourceSpec, open_reward_source
 from hybrid_core.step_contract import REWARD, ROLLOUT, generating_version
 from hybrid_core.types import RunRef, Sample, StageResult
 from hybrid_core.workers import rank_group
+from hybrid_core.workers.evaluation import EvalSettings, Evaluator
 from hybrid_core.workers.faults import FaultPoints
 from hybrid_core.workers.stage_clock import stamped
 from hybrid_core.workers.step_ledger import StepLedger
@@ -29,16 +30,20 @@ from hybrid_core.workers.step_ledger import StepLedger
 
 @dataclass(frozen=True, kw_only=True)
 class PromptSource:
-    dataset: str
+    dataset: str  # a comma list of sources, mixed by `probs` (seeded by `seed`) or concatenated
+    probs: str | None
+    split: str
     input_key: str
     label_key: str | None
     max_samples: int
     batch_size: int
     num_episodes: int
     max_steps: int | None
+    seed: int
 
-    def rows(self) -> list[tuple[str, str]]:
-        return load_prompt_rows(self.dataset, self.input_key, self.label_key, max_samples=self.max_samples)
+    def rows(self) -> list[PromptRow]:
+        return load_prompt_rows(self.dataset, self.input_key, self.label_key, split=self.split,
+                                max_samples=self.max_samples, probs=self.probs, seed=self.seed)
 
     def num_steps(self) -> int:
         """The run's step count as the worker's sampler counts it (the driver asks while the workers start)."""
@@ -55,6 +60,9 @@ class RolloutWorkerArgs:
     seed: int
     group_filter: GroupFilter | None
     num_engines: int  # rank 0 coordinates: it samples the prompts, shares them out and commits the datasets
+    reward_model_ranks: int  # 0: reward.remote_url scores; else the reward model's ranks score (`score`)
+    is_reward_normalized: bool  # reward.normalize_enable (the model's raw value is then logged beside)
+    eval: EvalSettings | None  # None: the run has no eval.dataset
     faults: tuple = ()
 
 
@@ -70,6 +78,7 @@ class RolloutWorker:
         self.sampler = PromptSampler(p.rows(), p.batch_size, p.num_episodes, args.seed, p.max_steps)
         self.reward_source = open_reward_source(args.reward)
         self.engine = VllmRolloutEngine(args.engine)
+        self.evaluator = Evaluator(self, args.eval) if args.eval is not None else None
         self.policy_version = 0
         if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
             self.engine.sleep(level=1)
@@ -141,10 +150,31 @@ class RolloutWorker:
             return StageResult(stage=REWARD.name, step=step, seconds=0.0, rows=entry["rows"], replayed=True,
                                path=self.store.stage_uri(step, REWARD.name))
         self.ledger.begin(step, REWARD.name)
-        table = reward_rows(self.store.read(step, ROLLOUT.name), self.reward_source)
+        rollout = self.store.read(step, ROLLOUT.name)
+        table = reward_rows(rollout, self._reward_source_for(rollout))
         entry = self.ledger.commit(step, REWARD.name, table, self.clock, {})
         return StageResult(stage=REWARD.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, REWARD.name), metrics=entry["metrics"])
+
+    @stamped
+    def evaluate(self, step: int) -> StageResult:
+        """The eval stage after step `step` (0: the initial policy), served by rank 0."""
+        return self.evaluator.run(step)
+
+    def evaluate_share(self, prompts: list, step: int) -> pa.Table:
+        return self.evaluator.share(prompts, step)
+
+    def _reward_source_for(self, rollout: pa.Table) -> RewardSource:
+        """The run's reward source; the reward model's is bound to the step's token ids, and its ranks each score a
+        contiguous share of them (as the actor leads the reference's forwards)."""
+        if not self.args.reward_model_ranks:
+            return self.reward_source
+        ranks = rank_group.all_ranks(self.run, "reward", self.args.reward_model_ranks)
+        remote = [(rank, lambda p, r, w=w: w.rewards.remote(p, r)) for rank, w in enumerate(ranks)]
+        forward = lambda p, r: rank_group.sharded_rows(p, r, "reward", remote, self.run.stage_timeout_s)  # noqa: E731
+        return RewardModelSource(prompt_ids=rollout.column("prompt_ids").to_pylist(),
+                                 response_ids=rollout.column("response_ids").to_pylist(), forward=forward,
+                                 is_normalized=self.args.is_reward_normalized)
 
     def preview(self, step: int, num_samples: int = 4) -> list[Sample]:
         """A few decoded samples of the step with their rewards (for the run's UI)."""

@@ -11,6 +11,7 @@ from hybrid_core.config import RunConfig, changed_fields
 from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
+from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan import make_placement, sync_transport
@@ -18,6 +19,7 @@ from hybrid_core.rewards.sources import RewardSourceSpec
 from hybrid_core.types import RunRef
 from hybrid_core.workers.actor import ActorWorkerArgs
 from hybrid_core.workers.critic import CriticWorkerArgs
+from hybrid_core.workers.evaluation import EvalSettings
 from hybrid_core.workers.rollout import PromptSource, RolloutWorkerArgs
 
 
@@ -25,7 +27,8 @@ def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
     """The run's name, store and stage settings, as every task and worker sees them."""
     t = cfg.train
     return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
-                  stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps)
+                  stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps,
+                  eval_steps=cfg.eval.steps, eval_at_start=cfg.eval.at_start)
 
 
 def max_new_tokens(cfg: RunConfig) -> int:
@@ -37,10 +40,18 @@ def num_engines(cfg: RunConfig) -> int:
 
 
 def role_ranks(cfg: RunConfig) -> dict[str, int]:
-    """Data-parallel ranks of the actor, reference and critic: one per bundle of the placement group each sits in
-    (a colocated group is as wide as its first role, the actor)."""
+    """Data-parallel ranks of the actor, reference, critic and reward model: one per bundle of the placement group
+    each sits in (a colocated group is as wide as its first role, the actor, or the critic beside the reward)."""
     layout = make_placement(cfg)
-    return {role: layout.group_of(role).num_bundles for role in ("actor", "ref", "critic") if role in cfg.roles}
+    roles = (*cfg.roles, "reward") if cfg.uses_reward_model else cfg.roles
+    return {role: layout.group_of(role).num_bundles for role in ("actor", "ref", "critic", "reward") if role in roles}
+
+
+def reward_model_settings(cfg: RunConfig) -> RewardModelSettings:
+    """The reward model's ranks: frozen, the run's dtype, the forwards' micro-batches."""
+    return RewardModelSettings(model_path=cfg.reward.model_name_or_path, param_dtype=cfg.ds.param_dtype,
+                               value_head_prefix=cfg.ds.value_head_prefix, is_normalized=cfg.reward.normalize_enable,
+                               is_offloaded=cfg.reward.offload, batching=forward_batching(cfg))
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
@@ -86,9 +97,10 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
     r, d, rw = cfg.rollout, cfg.data, cfg.reward
-    prompts = PromptSource(dataset=d.prompt_dataset, input_key=d.input_key, label_key=d.label_key,
-                           max_samples=d.max_samples, batch_size=r.batch_size, num_episodes=cfg.train.num_episodes,
-                           max_steps=cfg.train.max_steps)
+    prompts = PromptSource(dataset=d.prompt_dataset, probs=d.prompt_probs, split=d.prompt_split,
+                           input_key=d.input_key, label_key=d.label_key, max_samples=d.max_samples,
+                           batch_size=r.batch_size, num_episodes=cfg.train.num_episodes,
+                           max_steps=cfg.train.max_steps, seed=cfg.train.seed)
     low, high = cfg.algo.dynamic_filtering_range
     return RolloutWorkerArgs(
         engine=engine_settings(cfg), prompts=prompts,
@@ -100,7 +112,19 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                 remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
-        num_engines=num_engines(cfg), faults=faults)
+        num_engines=num_engines(cfg), reward_model_ranks=role_ranks(cfg).get("reward", 0),
+        is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), faults=faults)
+
+
+def eval_settings(cfg: RunConfig) -> EvalSettings | None:
+    """`eval.*` for the rollout worker: k samples a prompt at eval.temperature, the rollout's top_p and length."""
+    e, d = cfg.eval, cfg.data
+    if e.dataset is None:
+        return None
+    sampling = SamplingSettings(n=e.n_samples_per_prompt, max_new_tokens=max_new_tokens(cfg),
+                                temperature=e.temperature, top_p=cfg.rollout.top_p, seed_per_prompt=True)
+    return EvalSettings(dataset=e.dataset, split=e.split, input_key=d.input_key, label_key=d.label_key,
+                        sampling=sampling)
 
 
 def sink_settings(cfg: RunConfig, run: RunRef, has_wandb_key: bool) -> SinkSettings:
@@ -151,8 +175,8 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         total_optimizer_steps=total_optimizer_steps(cfg, num_steps), sync_bucket_bytes=cfg.vllm.sync_bucket_mb * 2**20,
         roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
-        max_num=cfg.ckpt.max_num, sync_transport=sync_transport(cfg), num_engines=num_engines(cfg),
-        role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
+        max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
+        num_engines=num_engines(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:

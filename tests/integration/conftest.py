@@ -36,6 +36,17 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model() -> Path:
+    """data/tiny-qwen3-rm (`make model`), built when missing: the tiny policy's shape with a value head."""
+    path = REPO_ROOT / "data" / "tiny-qwen3-rm"
+    if not (path / "config.json").is_file():
+        import runpy
+
+        runpy.run_path(str(REPO_ROOT / "data" / "build_tiny_model.py"))["build_reward_model"](path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     import ray
 

@@ -5,6 +5,7 @@ Owns the rules only; the fields and their bounds are in `config.py`.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,7 +16,8 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
-            *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg)]
+            *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
+            *_data_problems(cfg)]
 
 
 def _secret_problems(cfg: RunConfig) -> list[str]:
@@ -108,3 +110,27 @@ def _batching_problems(cfg: RunConfig) -> list[str]:
     return [f"{name} needs train.dynamic_batch_enable: got train.dynamic_batch_enable=False, so micro-batches "
             f"would hold micro_batch_size samples and ignore the budget; add --train.dynamic_batch_enable or drop "
             f"--{name}" for name, is_set in budgets.items() if is_set]
+
+
+def _data_problems(cfg: RunConfig) -> list[str]:
+    d = cfg.data
+    return prompt_probs_problems(d.prompt_dataset, d.prompt_probs) if d.prompt_dataset else []
+
+
+def prompt_probs_problems(dataset: str, probs: str | None) -> list[str]:
+    """`data.prompt_probs` gives one non-negative probability per `data.prompt_dataset` entry, summing to ~1."""
+    if probs is None or not probs.strip():
+        return []
+    names = [name.strip() for name in dataset.split(",")]
+    listed = f"data.prompt_dataset names {len(names)} ({dataset!r})"
+    try:
+        values = [float(p) for p in probs.split(",")]
+    except ValueError:
+        return [f"data.prompt_probs must be comma-separated numbers: got {probs!r}; e.g. --data.prompt_probs 0.7,0.3"]
+    if len(values) != len(names):
+        return [f"data.prompt_probs has {len(values)} values ({probs!r}) but {listed}: give one probability per "
+                "dataset, in the same order"]
+    if any(not math.isfinite(v) or v < 0 for v in values) or not math.isclose(sum(values), 1.0, abs_tol=1e-3):
+        return [f"data.prompt_probs must be non-negative and sum to 1: got {probs!r} (sum {sum(values):g}) for "
+                f"{listed}"]
+    return []

@@ -23,12 +23,12 @@ def _json_records(path: Path) -> Iterator[tuple[str, object]]:
         except json.JSONDecodeError:
             whole = None  # JSON lines in a .json file: read line by line below
         if isinstance(whole, list):
-            yield from ((f"{path} item {i}", row) for i, row in enumerate(whole))
+            yield from ((f"{path} item {i}", row) for i, row in enumerate(whole, start=1))
             return
         if isinstance(whole, dict):  # columns: {"input": [...], "label": [...]}
             columns = {k: v for k, v in whole.items() if isinstance(v, list)}
             num_rows = max((len(v) for v in columns.values()), default=0)
-            yield from ((f"{path} row {i}", {k: v[i] for k, v in columns.items() if i < len(v)})
+            yield from ((f"{path} row {i + 1}", {k: v[i] for k, v in columns.items() if i < len(v)})
                         for i in range(num_rows))
             return
     for number, line in enumerate(text.splitlines(), start=1):
@@ -54,7 +54,7 @@ def _arrow_records(path: Path) -> Iterator[tuple[str, object]]:
             table = pa.ipc.open_stream(pa.memory_map(str(path))).read_all()  # datasets.save_to_disk writes streams
         except pa.ArrowInvalid:
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-    yield from ((f"{path} row {i}", row) for i, row in enumerate(table.to_pylist()))
+    yield from ((f"{path} row {i}", row) for i, row in enumerate(table.to_pylist(), start=1))
 
 
 def _data_files(path: Path, split: str) -> list[Path]:
@@ -67,7 +67,8 @@ def _data_files(path: Path, split: str) -> list[Path]:
 
 
 def iter_records(dataset: str, split: str = "train") -> Iterator[tuple[str, object]]:
-    """(where, row) for every row of a local prompt dataset, `where` naming the file and the row or line."""
+    """(where, row) for every row of a local prompt dataset, `where` naming the file and the row or line (both
+    counted from 1)."""
     for file in _data_files(Path(dataset), split):
         yield from _json_records(file) if file.suffix in (".jsonl", ".json") else _arrow_records(file)
 

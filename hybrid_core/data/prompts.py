@@ -1,4 +1,4 @@
-"""Prompt datasets: loading (local JSONL/JSON/CSV/Parquet or a dataset directory), templating and the step sampler.
+"""Prompts of a run: the Prompt record, templating and the step sampler (loading is `prompt_sources`).
 
 Owns which prompts step k sees: episode-wise shuffles seeded by the step contract's `derive_seed`,
 `rollout.batch_size` prompts a step.
@@ -8,53 +8,26 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
+from hybrid_core.data.prompt_sources import PromptRow, load_prompt_rows  # noqa: F401  (the loader, re-exported)
 from hybrid_core.step_contract import derive_seed
-
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt of a step: `index` is its row in the loaded dataset, `source` the dataset of the
+    `data.prompt_dataset` list it came from (as given there; "" when unknown)."""
     index: int
     text: str
     label: str
-
-
-def load_prompt_rows(dataset: str, input_key: str, label_key: str | None, split: str = "train",
-                     max_samples: int | None = None) -> list[tuple[str, str]]:
-    """Return (input, label) pairs; fails naming the key when a row lacks it."""
-    import datasets
-
-    path = Path(dataset)
-    if path.suffix in LOCAL_FORMATS:
-        if not path.is_file():
-            raise FileNotFoundError(f"data.prompt_dataset not found: got {dataset!r}; give a local file or directory")
-        ds = datasets.load_dataset(LOCAL_FORMATS[path.suffix], data_files=str(path), split="train")
-    elif path.is_dir():
-        ds = datasets.load_from_disk(str(path)) if (path / "dataset_info.json").exists() else \
-            datasets.load_dataset(str(path), split=split)
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds[split]
-    else:
-        raise FileNotFoundError(f"data.prompt_dataset must be a local file or directory (no hub access here): "
-                                f"got {dataset!r}")
-    for key, flag in ((input_key, "data.input_key"), (label_key, "data.label_key")):
-        if key is not None and key not in ds.column_names:
-            raise ValueError(f"{flag} {key!r} is not a column of {dataset!r}: columns are {ds.column_names}")
-    if max_samples is not None:
-        ds = ds.select(range(min(max_samples, len(ds))))
-    inputs, labels = ds[input_key], ds[label_key] if label_key else [""] * len(ds)
-    empty = [i for i, x in enumerate(inputs) if x is None or (isinstance(x, str) and not x.strip())]
-    if empty:  # never train on the text "None"
-        raise ValueError(f"data.input_key {input_key!r} is missing or empty in {len(empty)} rows of {dataset!r} (row "
-                         f"{empty[0]} first); give every prompt a non-empty input")
-    return [(str(x), "" if y is None else str(y)) for x, y in zip(inputs, labels)]
+    source: str = ""
 
 
 def format_prompt(text: str, tokenizer, apply_chat_template: bool, input_template: str | None) -> str:
     """The prompt string sent to the model: chat template, or `input_template.format(text)`, or the text itself."""
+    if input_template is not None and "{}" not in input_template:
+        raise ValueError(f"data.input_template must contain '{{}}' where the prompt goes: got {input_template!r}; "
+                         "e.g. --data.input_template 'Question: {} Answer:'")
     if apply_chat_template:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False)
@@ -71,7 +44,7 @@ class PromptSampler:
     """Maps step k (1-based) to its prompts: episode e = (k-1) // steps_per_episode, shuffled by
     derive_seed(seed, "episode", e)."""
 
-    def __init__(self, rows: list[tuple[str, str]], batch_size: int, num_episodes: int, seed: int,
+    def __init__(self, rows: list[PromptRow] | list[tuple[str, str]], batch_size: int, num_episodes: int, seed: int,
                  max_steps: int | None = None):
         if len(rows) < batch_size:
             raise ValueError(f"rollout.batch_size exceeds the prompt dataset: got {batch_size} prompts a step and "

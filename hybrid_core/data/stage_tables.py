@@ -18,6 +18,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("prompt_ids", ints), ("response_ids", ints),
     ("prompt_text", pa.string()), ("response_text", pa.string()), ("rollout_logprobs", floats),
     ("finish_reason", pa.string()), ("label", pa.string()), ("policy_version", pa.int64()),
+    ("data_source", pa.string()),  # the prompt's dataset, as named in data.prompt_dataset
 ])
 REWARD_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("reward", pa.float32()), ("score", pa.float32()),

@@ -58,13 +58,13 @@ def attn_implementation_for(is_packed: bool) -> str | None:
 
 def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None,
                    use_liger: bool = False):
-    """Load a local HF causal LM (with Liger's kernels when `use_liger`); fails with the path when it is not a model
-    directory."""
+    """Load an HF causal LM from a local directory or a hub id (with Liger's kernels when `use_liger`); fails with
+    the path when a local folder is not a model directory."""
     from transformers import AutoModelForCausalLM
 
-    if not (Path(model_path) / "config.json").is_file():
-        raise FileNotFoundError(f"actor.model_name_or_path must be a local HF model directory: got {model_path!r}; "
-                                f"no config.json there (this machine has no hub access: build or copy the model)")
+    if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
+        raise FileNotFoundError(f"actor.model_name_or_path must be an HF model directory or a hub id: got "
+                                f"{model_path!r}, a folder with no config.json")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                                  attn_implementation=attn_implementation)
     if use_liger:

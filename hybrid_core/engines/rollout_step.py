@@ -7,6 +7,7 @@ It knows nothing about Ray or where rows are stored.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,6 +19,8 @@ from hybrid_core.engines.vllm_rollout import SamplingSettings, VllmRolloutEngine
 from hybrid_core.rewards.sources import RewardSource
 from hybrid_core.step_contract import derive_seed
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PromptFormat:
@@ -26,17 +29,30 @@ class PromptFormat:
     max_len: int
 
 
+def truncate_left(ids: list[list[int]], budget: int) -> tuple[list[list[int]], int]:
+    """Each token list cut to its last `budget` ids, and how many were cut."""
+    num_cut = sum(len(row) > budget for row in ids)
+    return [row[-budget:] for row in ids], num_cut
+
+
 def tokenize_prompts(tokenizer, prompts: list[Prompt], fmt: PromptFormat, max_new_tokens: int):
-    """Prompt strings and their token ids, left-truncated so prompt + response fits in `data.max_len`."""
+    """Prompt strings and their token ids, left-truncated so prompt + response fits in `data.max_len`; a warning
+    counts the prompts that were cut."""
     budget = max(1, fmt.max_len - max_new_tokens)
     texts = [format_prompt(p.text, tokenizer, fmt.apply_chat_template, fmt.input_template) for p in prompts]
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"][-budget:] for t in texts]
+    ids, num_cut = truncate_left([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], budget)
+    if num_cut:
+        logger.warning("%d of %d prompts are longer than data.max_len %d - rollout.max_new_tokens %d = %d tokens: "
+                       "truncated from the left to the last %d tokens", num_cut, len(prompts), fmt.max_len,
+                       max_new_tokens, budget, budget)
     return texts, ids
 
 
 def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], fmt: PromptFormat,
-                  sampling: SamplingSettings, seed: int, step: int, policy_version: int) -> pa.Table:
-    """Generate `sampling.n` samples per prompt; rows are prompt-major (a prompt's samples are contiguous)."""
+                  sampling: SamplingSettings, seed: int, step: int | str, policy_version: int) -> pa.Table:
+    """Generate `sampling.n` samples per prompt; rows are prompt-major (a prompt's samples are contiguous). Prompt
+    i's seed is derive_seed(seed, step, index): `step` is the step, or "eval" for an evaluation's samples (the same
+    at every evaluation, so two evaluations differ by the policy alone)."""
     texts, ids = tokenize_prompts(tokenizer, prompts, fmt, sampling.max_new_tokens)
     seeds = [derive_seed(seed, step, p.index) for p in prompts] if sampling.seed_per_prompt else None
     completions = engine.generate(ids, sampling, seeds)
@@ -46,7 +62,7 @@ def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], f
             rows.append({"prompt_index": prompt.index, "sample_index": j, "prompt_ids": prompt_ids,
                          "response_ids": c.token_ids, "prompt_text": text, "response_text": c.text,
                          "rollout_logprobs": c.logprobs, "finish_reason": c.finish_reason, "label": prompt.label,
-                         "policy_version": policy_version})
+                         "policy_version": policy_version, "data_source": prompt.source})
     return rollout_table(rows)
 
 

@@ -36,8 +36,9 @@ def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
                      attn_implementation: str | None = None, use_liger: bool = False) -> ValueModel:
     from transformers import AutoConfig, AutoModel
 
-    if not (Path(model_path) / "config.json").is_file():
-        raise FileNotFoundError(f"critic.model_name_or_path must be a local HF model directory: got {model_path!r}")
+    if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
+        raise FileNotFoundError(f"critic.model_name_or_path must be an HF model directory or a hub id: got "
+                                f"{model_path!r}, a folder with no config.json")
     backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                          attn_implementation=attn_implementation)
     if use_liger:

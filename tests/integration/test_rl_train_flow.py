@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 COLUMNS = {
     "rollout": {"prompt_index", "sample_index", "prompt_ids", "response_ids", "prompt_text", "response_text",
-                "rollout_logprobs", "finish_reason", "label", "policy_version"},
+                "rollout_logprobs", "finish_reason", "label", "policy_version", "data_source"},
     "reward": {"prompt_index", "sample_index", "reward", "score", "extra_logs"},
     "advantage": {"prompt_index", "sample_index", "old_logprobs", "ref_logprobs", "advantages", "returns"},
 }
@@ -40,12 +40,13 @@ def test_every_step_commits_its_datasets(reference_run):
 def test_datasets_load_with_hf_datasets(reference_run):
     import datasets
 
-    _, result = reference_run
+    cfg, result = reference_run
     files = sorted(str(p) for p in Path(result.run_dir).glob("steps/*/rollout/part-*.parquet"))
     ds = datasets.load_dataset("parquet", data_files=files, split="train")
     assert len(ds) == 3 * 4
     assert set(ds.unique("finish_reason")) <= {"stop", "length"}
     assert all(len(r) == len(lp) for r, lp in zip(ds["response_ids"], ds["rollout_logprobs"]))
+    assert set(ds.unique("data_source")) == {cfg.data.prompt_dataset}  # the dataset each prompt came from
 
 
 def test_rollout_rows_follow_the_policy_version_and_sample_order(reference_run):

@@ -57,15 +57,15 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "a store under /proc": (["--store.root", "/proc/nope"], "store.root is not writable: got '/proc/nope'"),
         "a store that is a file": (["--store.root", _write(tmp / "a-file", "x") + "/runs"],
                                    "a-file is a file"),
-        "a model that is not local": (["--actor.model_name_or_path", "Qwen/Qwen3-4B"],
-                                      "actor.model_name_or_path does not exist: got 'Qwen/Qwen3-4B'"),
+        "a missing local model": (["--actor.model_name_or_path", str(tmp / "models" / "none")],
+                                  "actor.model_name_or_path does not exist: got '"),
     } | {"a good model but no prompts": (["--actor.model_name_or_path", str(good_model), "--data.prompt_dataset",
                                           str(tmp / "nowhere.jsonl")], "data.prompt_dataset does not exist")}
 
 
 CASES = ["an empty dataset", "a dataset smaller than a step", "malformed JSONL", "a row without the input key",
          "a reward file with a syntax error", "a reward file without reward_func", "an empty model directory",
-         "a store under /proc", "a store that is a file", "a model that is not local", "a good model but no prompts"]
+         "a store under /proc", "a store that is a file", "a missing local model", "a good model but no prompts"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -78,6 +78,27 @@ def test_a_bad_input_is_refused_at_once_naming_it(case, tmp_path):
     assert out.startswith("hybrid train cannot start:\n") and expected in out, out
     assert "Traceback" not in out and seconds < 5
     assert not (tmp_path / "runs").exists()  # nothing was created: no run directory, no Prefect, no Ray
+
+
+def test_a_hub_model_is_refused_offline_only_when_it_is_not_cached(tmp_path):
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--actor.model_name_or_path",
+                                    "Qwen/Qwen3-4B", env=offline)
+    assert rc == 2 and seconds < 5, out
+    assert "actor.model_name_or_path 'Qwen/Qwen3-4B' is a Hugging Face hub id that is not in the local cache, and " \
+           "HF_HUB_OFFLINE=1 forbids downloading it" in out and "pass --actor.model_name_or_path a local model" in out
+    # online, the hub id passes the preflight (a wrong store root stops the run before anything starts)
+    rc, out, _ = hybrid_train("--store.root", "/proc/nope", "--actor.model_name_or_path", "Qwen/Qwen3-4B")
+    assert rc == 2 and "model_name_or_path" not in out and "store.root is not writable" in out, out
+
+
+def test_prompt_probs_that_do_not_match_the_datasets_are_refused_naming_both(tmp_path):
+    a, b = (_write(tmp_path / name, "".join(json.dumps({"input": f"p{i}"}) + "\n" for i in range(20)))
+            for name in ("a.jsonl", "b.jsonl"))
+    rc, out, _ = hybrid_train("--store.root", str(tmp_path / "runs"), "--data.prompt_dataset", f"{a},{b}",
+                              "--data.prompt_probs", "0.5,0.3,0.2")
+    assert rc == 2 and "Traceback" not in out, out
+    assert f"data.prompt_probs has 3 values ('0.5,0.3,0.2') but data.prompt_dataset names 2 ('{a},{b}')" in out
 
 
 def test_every_problem_is_listed_in_one_message(tmp_path):

@@ -65,16 +65,17 @@ def test_the_seed_deployment_is_the_seed_recipe_with_local_files_on_the_gpu_pool
     assert "needs 4 GPUs" in text and "2 vLLM engines × TP 2" in text and "sleep: vLLM on (level 1)" in text
 
 
-def test_the_seed_deployment_is_refused_by_the_preflight_with_its_reasons(tmp_path):
+def test_the_seed_deployment_is_refused_by_the_preflight_with_its_reasons(tmp_path, monkeypatch):
     from hybrid_core.preflight import run_problems
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub model is then needed from a cache that lacks it
     cfg = RunConfig.model_validate(parameter_set("qwen3-4b-math-hybrid") | {"store": {"root": str(tmp_path)}})
     problems = "\n".join(run_problems(cfg, str(tmp_path / "seed"), num_gpus=0, gpu_total_gib=None))
     for reason in ("flag not implemented yet: --ds.ring_attn_size", "ZeRO-3 with several actor ranks",
-                   "vLLM tensor parallelism", "actor.model_name_or_path does not exist: got "
-                   "'Qwen/Qwen3-4B-Thinking-2507'", "has 16 rows, fewer than rollout.batch_size 128",
-                   "needs 4 GPUs, found 0"):
+                   "vLLM tensor parallelism", "actor.model_name_or_path 'Qwen/Qwen3-4B-Thinking-2507' is a Hugging "
+                   "Face hub id that is not in the local cache, and HF_HUB_OFFLINE=1", "needs 4 GPUs, found 0"):
         assert reason in problems, reason
+    assert "prompt_dataset" not in problems  # the shipped math prompts (320 rows) hold more than a step's 128
 
 
 def test_the_schedule_is_inactive_and_the_trigger_runs_the_demo():

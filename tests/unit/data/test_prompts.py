@@ -1,4 +1,5 @@
-"""Unit tests for hybrid_core.data.prompts: loading local prompt files, templating and the step sampler."""
+"""Unit tests for hybrid_core.data.prompts: loading local prompt files, templating and the step sampler (every other
+kind of source, mixes and the hub: test_prompt_sources.py)."""
 
 import hashlib
 import json
@@ -43,15 +44,18 @@ def prompt_file(request, tmp_path):
 
 def test_load_rows_returns_input_label_pairs(prompt_file):
     # a label of 7 becomes "7"; a null label becomes ""
-    assert load_prompt_rows(prompt_file, "question", "answer") == [("ab", "x"), ("cd", "7"), ("ef", "")]
+    rows = load_prompt_rows(prompt_file, "question", "answer")
+    assert rows == [("ab", "x", prompt_file), ("cd", "7", prompt_file), ("ef", "", prompt_file)]
+    assert rows[1].text == "cd" and rows[1].label == "7" and rows[1].source == prompt_file
 
 
 def test_load_rows_without_label_key_gives_empty_labels(prompt_file):
-    assert load_prompt_rows(prompt_file, "question", None) == [("ab", ""), ("cd", ""), ("ef", "")]
+    assert [row[:2] for row in load_prompt_rows(prompt_file, "question", None)] == [("ab", ""), ("cd", ""), ("ef", "")]
 
 
 def test_max_samples_keeps_the_first_rows(prompt_file):
-    assert load_prompt_rows(prompt_file, "question", "answer", max_samples=2) == [("ab", "x"), ("cd", "7")]
+    assert [r[:2] for r in load_prompt_rows(prompt_file, "question", "answer", max_samples=2)] == [("ab", "x"),
+                                                                                                  ("cd", "7")]
     assert len(load_prompt_rows(prompt_file, "question", "answer", max_samples=10)) == 3  # capped at the data
 
 
@@ -67,10 +71,10 @@ def test_missing_label_key_names_the_flag(prompt_file):
 
 
 def test_missing_local_file_fails_naming_the_flag(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"data\.prompt_dataset not found"):
+    with pytest.raises(FileNotFoundError, match=r"data\.prompt_dataset '.*absent\.jsonl' does not exist"):
         load_prompt_rows(str(tmp_path / "absent.jsonl"), "question", None)
-    with pytest.raises(FileNotFoundError, match=r"no hub access"):
-        load_prompt_rows("some-org/some-dataset", "question", None)  # neither a file nor a folder
+    with pytest.raises(FileNotFoundError, match=r"does not exist and is not a hub dataset name"):
+        load_prompt_rows(str(tmp_path / "no" / "such" / "folder"), "question", None)
 
 
 def _rows(n: int) -> list[tuple[str, str]]:

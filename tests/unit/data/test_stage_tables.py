@@ -17,7 +17,7 @@ def _rollout_row(prompt_index: int, sample_index: int, response_ids: list[int]) 
     return {"prompt_index": prompt_index, "sample_index": sample_index, "prompt_ids": [1, 2],
             "response_ids": response_ids, "prompt_text": "ab", "response_text": "x" * len(response_ids),
             "rollout_logprobs": [-0.5] * len(response_ids), "finish_reason": "stop", "label": "l",
-            "policy_version": 2}
+            "policy_version": 2, "data_source": "data/a.jsonl"}
 
 
 def _rollout(lengths: list[int]) -> pa.Table:
@@ -32,12 +32,14 @@ def _advantage(advantages: list[list[float]]) -> pa.Table:
 
 def test_schemas():
     assert ROLLOUT_SCHEMA.names == ["prompt_index", "sample_index", "prompt_ids", "response_ids", "prompt_text",
-                                    "response_text", "rollout_logprobs", "finish_reason", "label", "policy_version"]
+                                    "response_text", "rollout_logprobs", "finish_reason", "label", "policy_version",
+                                    "data_source"]
     assert REWARD_SCHEMA.names == ["prompt_index", "sample_index", "reward", "score", "extra_logs"]
     assert ADVANTAGE_SCHEMA.names == ["prompt_index", "sample_index", "old_logprobs", "ref_logprobs", "values",
                                       "advantages", "returns"]
     assert ROLLOUT_SCHEMA.field("response_ids").type == pa.list_(pa.int32())
     assert ROLLOUT_SCHEMA.field("rollout_logprobs").type == pa.list_(pa.float32())
+    assert ROLLOUT_SCHEMA.field("data_source").type == pa.string()
     assert REWARD_SCHEMA.field("reward").type == pa.float32()
     assert ADVANTAGE_SCHEMA.field("advantages").type == pa.list_(pa.float32())
 

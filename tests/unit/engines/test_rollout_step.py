@@ -72,3 +72,24 @@ def test_budget_is_at_least_one_token(tokenizer):
     fmt = PromptFormat(apply_chat_template=False, input_template=None, max_len=4)
     _, ids = tokenize_prompts(tokenizer, [Prompt(0, "abc", "")], fmt, max_new_tokens=8)
     assert ids == [_ids("c")]  # max(1, 4 − 8) = 1
+
+
+def test_truncation_keeps_the_last_ids_and_counts_the_cut_prompts(tokenizer, caplog):
+    prompts = [Prompt(0, "abcdefghij", ""), Prompt(1, "xyz", ""), Prompt(2, "0123456789", "")]
+    fmt = PromptFormat(apply_chat_template=False, input_template=None, max_len=12)
+    with caplog.at_level("WARNING", logger="hybrid_core.engines.rollout_step"):
+        _, ids = tokenize_prompts(tokenizer, prompts, fmt, max_new_tokens=7)
+    assert ids == [_ids("fghij"), _ids("xyz"), _ids("56789")]  # budget 12 − 7 = 5: the last five of each
+    (record,) = caplog.records
+    assert record.getMessage() == ("2 of 3 prompts are longer than data.max_len 12 - rollout.max_new_tokens 7 = 5 "
+                                   "tokens: truncated from the left to the last 5 tokens")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybrid_core.engines.rollout_step"):
+        tokenize_prompts(tokenizer, prompts[1:2], fmt, max_new_tokens=7)
+    assert caplog.records == []  # nothing cut, nothing said
+
+
+def test_truncate_left_counts_only_longer_rows():
+    from hybrid_core.engines.rollout_step import truncate_left
+
+    assert truncate_left([[1, 2, 3, 4], [5, 6], [7, 8, 9]], 3) == ([[2, 3, 4], [5, 6], [7, 8, 9]], 1)

@@ -13,7 +13,7 @@ from flows.rl_step import rl_step
 from flows.run_names import default_run_id
 from hybrid_core.config import RunConfig
 from hybrid_core.types import RunRef, RunSummary, WorkersStarted
-from tasks.stages import committed_rows, samples
+from tasks.stages import committed_rows, samples, step_tasks
 from tasks.workers import (RunDirectoryLease, hold_run_dir, open_run, preflight, run_ref, save_model, start_workers,
                            stop_workers)
 
@@ -29,6 +29,10 @@ def tag_flow_run(tag: str) -> None:
 def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDirectoryLease) -> None:
     """Steps `workers.next_step`… as subflows (committed ones replay), the UI's table starting from the store."""
     report = RunReport(run.run_id, workers.num_steps, committed_rows(run))
+    if run.is_eval_due(0) and workers.next_step == 1:  # eval.at_start: the initial policy, as step 0
+        stage = step_tasks(run)
+        stage.eval(run, 0)
+        report.initial_eval_done(stage.metrics(run, 0))
     for step in range(workers.next_step, workers.num_steps + 1):
         lease.check()
         row = rl_step(run, step)

@@ -17,7 +17,7 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
-            *_data_problems(cfg)]
+            *_eval_problems(cfg), *_data_problems(cfg)]
 
 
 def _secret_problems(cfg: RunConfig) -> list[str]:
@@ -110,6 +110,30 @@ def _batching_problems(cfg: RunConfig) -> list[str]:
     return [f"{name} needs train.dynamic_batch_enable: got train.dynamic_batch_enable=False, so micro-batches "
             f"would hold micro_batch_size samples and ignore the budget; add --train.dynamic_batch_enable or drop "
             f"--{name}" for name, is_set in budgets.items() if is_set]
+
+
+def _eval_problems(cfg: RunConfig) -> list[str]:
+    """Evaluation needs a dataset to run on and a reward it can call on any sample (OpenRLHF: a remote reward or an
+    agent); the best checkpoint needs evaluations to rank by."""
+    e, key = cfg.eval, cfg.ckpt.best_metric_key
+    is_evaluating = e.steps > 0 or e.at_start
+    problems = []
+    if is_evaluating and e.dataset is None:
+        problems.append(f"eval.steps {e.steps} / eval.at_start {e.at_start} need eval.dataset: got none; pass "
+                        "--eval.dataset FILE (prompts with the same input and label keys) or drop the eval flags")
+    if e.dataset is not None and not is_evaluating:
+        problems.append(f"eval.dataset {e.dataset!r} is never evaluated: eval.steps is {e.steps} and eval.at_start "
+                        "is off; pass --eval.steps N (every N steps) and/or --eval.at_start")
+    if e.dataset is not None and cfg.reward.remote_url is None and cfg.train.agent_func_path is None:
+        problems.append(f"eval.dataset {e.dataset!r} needs reward.remote_url (a reward function file or server): "
+                        "got none; pass --reward.remote_url FILE.py|http://…")
+    if key not in ("", "none") and e.steps <= 0:
+        problems.append(f"ckpt.best_metric_key {key!r} needs evaluations during training: got eval.steps "
+                        f"{e.steps}; pass --eval.steps N with --eval.dataset, or --ckpt.best_metric_key none")
+    if key not in ("", "none") and not key.startswith(("eval/", "eval_")):
+        problems.append(f"ckpt.best_metric_key must name an eval metric (eval/<source>_pass1, "
+                        f"eval/<source>_pass<k>, …): got {key!r}")
+    return problems
 
 
 def _data_problems(cfg: RunConfig) -> list[str]:

@@ -44,10 +44,14 @@ METRICS = Stage(name="metrics", role="actor", method="write_metrics", is_retried
                 reads=("rollout", "reward", "advantage", "train", "sync"), is_dataset=True)
 CHECKPOINT = Stage(name="checkpoint", role="actor", method="save_checkpoint", is_retried=True, reads=("sync",),
                    is_dataset=False)
+# Every `eval.steps` steps, after the sync: the policy the step trained (version k) answers the eval prompts; step 0
+# (`eval.at_start`) evaluates the initial policy. Its figures go into the step's metrics row, so it precedes it.
+EVAL = Stage(name="eval", role="rollout", method="evaluate", is_retried=True, reads=("sync",), is_dataset=True)
 
 STEP_STAGES: tuple[Stage, ...] = (ROLLOUT, REWARD, ADVANTAGE, TRAIN, SYNC, METRICS)
-STAGES_BY_NAME = {stage.name: stage for stage in (*STEP_STAGES, CHECKPOINT)}
-TIMED_STAGES = ("rollout", "reward", "advantage", "train", "sync")  # their seconds go into the metrics row
+STAGE_ORDER = ("rollout", "reward", "advantage", "train", "sync", "eval", "metrics", "checkpoint")
+STAGES_BY_NAME = {stage.name: stage for stage in (*STEP_STAGES, EVAL, CHECKPOINT)}
+TIMED_STAGES = ("rollout", "reward", "advantage", "train", "sync", "eval")  # their seconds go into the metrics row
 DATASET_STAGES = tuple(stage.name for stage in STEP_STAGES if stage.is_dataset)
 
 
@@ -59,8 +63,7 @@ def stage_named(name: str) -> Stage:
 
 def stages_after(name: str) -> tuple[str, ...]:
     """What a step committed after `name` (in stage order, the checkpoint last): regenerating `name` invalidates it."""
-    order = [stage.name for stage in STEP_STAGES] + [CHECKPOINT.name]
-    return tuple(order[order.index(name) + 1:])
+    return STAGE_ORDER[STAGE_ORDER.index(name) + 1:]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +75,12 @@ class RetryPolicy:
 def retry_policy(stage: Stage, stage_retries: int, retry_delay_s: float) -> RetryPolicy:
     """The run's retry settings (`train.stage_retries`, `train.retry_delay_s`) for a stage that may be retried."""
     return RetryPolicy(retries=stage_retries if stage.is_retried else 0, delay_s=retry_delay_s)
+
+
+def evaluated_version(step: int) -> int:
+    """The policy an evaluation after step k measures: the one step k's sync gave the engines (step 0: the initial
+    weights)."""
+    return step
 
 
 def generating_version(step: int) -> int:
@@ -100,20 +109,28 @@ def is_checkpoint_due(step: int, save_steps: int) -> bool:
     return save_steps > 0 and step % save_steps == 0
 
 
-def missing_parts(step: int, entries: dict, committed: set[str], save_steps: int) -> list[str]:
+def is_eval_due(step: int, eval_steps: int) -> bool:
+    """An evaluation follows step k iff k % eval.steps == 0 (eval.steps -1 or 0: never; step 0 is `eval.at_start`)."""
+    return step > 0 and eval_steps > 0 and step % eval_steps == 0
+
+
+def missing_parts(step: int, entries: dict, committed: set[str], *, save_steps: int, eval_steps: int) -> list[str]:
     """What step `step` still owes: its stages' records (datasets also need their `_SUCCESS` marker, `committed`)
-    and, when due, its checkpoint."""
-    missing = [stage.name for stage in STEP_STAGES
+    and, when due, its evaluation and its checkpoint."""
+    due = (*STEP_STAGES, EVAL) if is_eval_due(step, eval_steps) else STEP_STAGES
+    missing = [stage.name for stage in due
                if stage.name not in entries or (stage.is_dataset and stage.name not in committed)]
     if is_checkpoint_due(step, save_steps) and not entries.get(CHECKPOINT.name):
         missing.append(CHECKPOINT.name)
-    return missing
+    return sorted(missing, key=STAGE_ORDER.index)
 
 
-def first_incomplete_step(steps: dict[str, dict], committed: set[tuple[int, str]], save_steps: int) -> int:
+def first_incomplete_step(steps: dict[str, dict], committed: set[tuple[int, str]], *, save_steps: int,
+                          eval_steps: int) -> int:
     """The first step that does not have everything it owes (1 for a new run): where a run resumes."""
     step = 1
-    while not missing_parts(step, steps.get(str(step), {}), {s for k, s in committed if k == step}, save_steps):
+    while not missing_parts(step, steps.get(str(step), {}), {s for k, s in committed if k == step},
+                            save_steps=save_steps, eval_steps=eval_steps):
         step += 1
     return step
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hybrid_core.step_contract import ROLES, is_checkpoint_due
+from hybrid_core.step_contract import ROLES, is_checkpoint_due, is_eval_due
 
 
 class PermanentError(Exception):
@@ -32,6 +32,8 @@ class RunRef:
     stage_retries: int
     retry_delay_s: float
     save_steps: int
+    eval_steps: int
+    eval_at_start: bool
 
     @property
     def namespace(self) -> str:
@@ -43,6 +45,10 @@ class RunRef:
 
     def is_checkpoint_due(self, step: int) -> bool:
         return is_checkpoint_due(step, self.save_steps)
+
+    def is_eval_due(self, step: int) -> bool:
+        """After step k (k ≥ 1) every `eval.steps`; step 0 (before training) with `eval.at_start`."""
+        return self.eval_at_start if step == 0 else is_eval_due(step, self.eval_steps)
 
     def actor_name(self, role: str, rank: int = 0) -> str:
         if role not in ROLES:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from hybrid_core.step_contract import (ADVANTAGE, CHECKPOINT, METRICS, REWARD, ROLLOUT, SYNC, TRAIN, Stage,
+from hybrid_core.step_contract import (ADVANTAGE, CHECKPOINT, EVAL, METRICS, REWARD, ROLLOUT, SYNC, TRAIN, Stage,
                                        retry_policy)
 from hybrid_core.types import MetricsRow, PermanentError, RunRef, Sample, StageResult
 from tasks.workers import call
@@ -64,6 +64,12 @@ def sync(run: RunRef, step: int) -> StageResult:
     return _stage_call(run, SYNC, step)
 
 
+@task(name="eval", task_run_name="eval-step-{step}", **STAGE_OPTIONS)
+def evaluate(run: RunRef, step: int) -> StageResult:
+    """Sample the eval prompts with the policy step `step` synced (0: the initial one), score them; commit `eval`."""
+    return _stage_call(run, EVAL, step)
+
+
 @task(name="metrics", task_run_name="metrics-step-{step}", **STAGE_OPTIONS)
 def metrics(run: RunRef, step: int) -> MetricsRow:
     """Commit the step's metrics row, built by the actor from what the step committed."""
@@ -102,6 +108,7 @@ class StepTasks:
     advantage: Task
     train: Task
     sync: Task
+    eval: Task
     metrics: Task
     checkpoint: Task
 
@@ -115,5 +122,5 @@ def step_tasks(run: RunRef) -> StepTasks:
 
     return StepTasks(rollout=configured(rollout, ROLLOUT), reward=configured(reward, REWARD),
                      advantage=configured(advantage, ADVANTAGE), train=configured(train, TRAIN),
-                     sync=configured(sync, SYNC), metrics=configured(metrics, METRICS),
-                     checkpoint=configured(checkpoint, CHECKPOINT))
+                     sync=configured(sync, SYNC), eval=configured(evaluate, EVAL),
+                     metrics=configured(metrics, METRICS), checkpoint=configured(checkpoint, CHECKPOINT))

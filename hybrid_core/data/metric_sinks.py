@@ -1,9 +1,9 @@
 """Where a step's metrics row goes besides the store: TensorBoard event files and Weights & Biases.
 
 Owns the two writers (`--logger.tensorboard_dir`; W&B, online when WANDB_API_KEY is in the process's environment,
-local files with `--logger.wandb.key offline`) and their `train/`-prefixed keys with the step as x-axis, as OpenRLHF
-logs them. The API key never passes through here: W&B reads it from the environment. It knows nothing about how
-metrics are made.
+local files with `--logger.wandb.key offline`) and their `train/`- and `eval/`-prefixed keys with the step as x-axis,
+as OpenRLHF logs them. The API key never passes through here: W&B reads it from the environment. It knows nothing
+about how metrics are made.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class MetricSinks:
             self.wandb_run = _start_wandb(s)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        scalars = {f"train/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        scalars = {_logged_key(k): float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if self.tb is not None:
             for key, value in scalars.items():
                 self.tb.add_scalar(key, value, global_step=step)
@@ -49,6 +49,11 @@ class MetricSinks:
             self.tb.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def _logged_key(key: str) -> str:
+    """OpenRLHF's names: evaluation figures under `eval/`, everything else under `train/`."""
+    return key if key.startswith("eval/") else f"train/{key}"
 
 
 def _start_wandb(s: SinkSettings):

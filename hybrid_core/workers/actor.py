@@ -17,6 +17,7 @@ from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
 from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.data.eval_tables import eval_only_row
 from hybrid_core.data.stage_tables import experience_figures, metrics_table, row_from_records
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -58,6 +59,7 @@ class ActorWorkerArgs:
     ckpt_root: str
     save_hf: bool
     max_num: int
+    best_metric_key: str  # ckpt.best_metric_key: "" the first eval/*_pass1, "none" plain rotation
     sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
     num_engines: int
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
@@ -245,8 +247,12 @@ class ActorWorker:
         if self.ledger.replay(step, METRICS.name):
             return MetricsRow(step=step, values=self._committed_row(step), replayed=True)
         self.ledger.begin(step, METRICS.name)
-        tables = [self.store.read(step, s) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
-        values = row_from_records(*tables, self.store.manifest()["steps"][str(step)])
+        entries = self.store.manifest()["steps"][str(step)]
+        if step == 0:  # the evaluation before training (eval.at_start)
+            values = eval_only_row(entries)
+        else:
+            tables = [self.store.read(step, s) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
+            values = row_from_records(*tables, entries)
         self.ledger.commit(step, METRICS.name, metrics_table(step, values), None, {},
                            drop_from_hash=[k for k in values if k.startswith(VOLATILE_METRICS)])
         self.sinks.log(step, values)

@@ -35,10 +35,11 @@ class StepLedger:
     def entry(self, step: int, name: str) -> dict | None:
         return self.store.manifest()["steps"].get(str(step), {}).get(name)
 
-    def replay(self, step: int, stage: str) -> dict | None:
-        """The committed record of a dataset stage made by the policy step `step` uses (its files checked), or
-        None when the stage must be generated."""
-        entry = self.store.replayable(step, stage, generating_version(step))
+    def replay(self, step: int, stage: str, version: int | None = None) -> dict | None:
+        """The committed record of a dataset stage made by the policy step `step` uses (`version`: another, e.g.
+        an evaluation's), its files checked; None when the stage must be generated."""
+        version = generating_version(step) if version is None else version
+        entry = self.store.replayable(step, stage, version)
         if entry is not None:
             self.store.log_event(step, stage, "replay")
         return entry
@@ -60,10 +61,12 @@ class StepLedger:
         return {"seconds": self.seconds(step, stage), "metrics": dict(metrics) | figures}
 
     def commit(self, step: int, stage: str, table: pa.Table, clock: CallClock | None, metrics: dict,
-               drop_from_hash=()) -> dict:
-        """Commit a dataset stage begun with `begin`; returns its manifest entry."""
+               drop_from_hash=(), version: int | None = None) -> dict:
+        """Commit a dataset stage begun with `begin` (made by policy `version`: by default the one step `step`
+        generates with); returns its manifest entry."""
         record = self._record(step, stage, clock, metrics)
-        self.store.commit(step, stage, table, generating_version(step), record, drop_from_hash,
+        version = generating_version(step) if version is None else version
+        self.store.commit(step, stage, table, version, record, drop_from_hash,
                           on_written=lambda: self.faults.reach(step, stage, "written"))
         self.faults.reach(step, stage, "committed")
         return self.entry(step, stage)

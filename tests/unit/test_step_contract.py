@@ -7,9 +7,9 @@ import hashlib
 import pytest
 
 from hybrid_core.step_contract import (CHECKPOINT, STEP_STAGES, LiveVersions, can_reattach, derive_seed,
-                                       first_incomplete_step, generating_version, is_checkpoint_due, missing_parts,
-                                       reattach_trained_step, reattach_version, restore_step, retry_policy,
-                                       stage_named, stages_after)
+                                       evaluated_version, first_incomplete_step, generating_version,
+                                       is_checkpoint_due, is_eval_due, missing_parts, reattach_trained_step,
+                                       reattach_version, restore_step, retry_policy, stage_named, stages_after)
 
 DATASETS = {"rollout", "reward", "advantage", "metrics"}
 
@@ -27,7 +27,7 @@ def test_the_stage_table_in_order_with_its_roles_and_methods():
     assert stage_named("checkpoint") is CHECKPOINT
     with pytest.raises(ValueError, match=r"stage must be one of .*: got 'judge'"):
         stage_named("judge")
-    assert stages_after("reward") == ("advantage", "train", "sync", "metrics", "checkpoint")
+    assert stages_after("reward") == ("advantage", "train", "sync", "eval", "metrics", "checkpoint")
     assert stages_after("checkpoint") == ()
 
 
@@ -67,21 +67,39 @@ def test_seeds_are_stable_distinct_and_31_bit():
 
 
 def test_what_a_step_still_owes():
-    assert missing_parts(1, {}, set(), -1) == [s.name for s in STEP_STAGES]
-    assert missing_parts(2, _complete(2), DATASETS, 2) == ["checkpoint"]
-    assert missing_parts(2, _complete(2, checkpoint=True), DATASETS, 2) == []
-    assert missing_parts(3, _complete(3), DATASETS - {"reward"}, 2) == ["reward"]  # its _SUCCESS was deleted
+    never = dict(save_steps=-1, eval_steps=-1)
+    every_2 = dict(save_steps=2, eval_steps=-1)
+    assert missing_parts(1, {}, set(), **never) == [s.name for s in STEP_STAGES]
+    assert missing_parts(2, _complete(2), DATASETS, **every_2) == ["checkpoint"]
+    assert missing_parts(2, _complete(2, checkpoint=True), DATASETS, **every_2) == []
+    # its _SUCCESS was deleted
+    assert missing_parts(3, _complete(3), DATASETS - {"reward"}, **every_2) == ["reward"]
     rotated = _complete(2) | {"checkpoint": {"tag": "global_step2", "kept": False}}
-    assert missing_parts(2, rotated, DATASETS, 2) == []  # a checkpoint rotated away was still taken
+    assert missing_parts(2, rotated, DATASETS, **every_2) == []  # a checkpoint rotated away was still taken
+
+
+def test_an_evaluation_is_owed_by_every_eval_steps_th_step_before_its_metrics_row():
+    assert [k for k in range(0, 9) if is_eval_due(k, 3)] == [3, 6]
+    assert not any(is_eval_due(k, s) for k in range(0, 9) for s in (-1, 0))
+    assert missing_parts(3, _complete(3), DATASETS, save_steps=3, eval_steps=3) == ["eval", "checkpoint"]
+    evaluated = _complete(3) | {"eval": {"rows": 8}}
+    assert missing_parts(3, evaluated, DATASETS, save_steps=-1, eval_steps=3) == ["eval"]  # no _SUCCESS yet
+    assert missing_parts(3, evaluated, DATASETS | {"eval"}, save_steps=-1, eval_steps=3) == []
+    assert missing_parts(2, _complete(2), DATASETS, save_steps=-1, eval_steps=3) == []
+    assert stages_after("eval") == ("metrics", "checkpoint")
+    assert stages_after("sync") == ("eval", "metrics", "checkpoint")
+    assert [evaluated_version(k) for k in (0, 1, 5)] == [0, 1, 5]
 
 
 def test_the_first_incomplete_step_is_where_a_run_resumes():
     steps = {"1": _complete(1), "2": _complete(2, True), "3": _complete(3), "4": _complete(4)}
     committed = {(k, s) for k in (1, 2, 3, 4) for s in DATASETS}
-    assert first_incomplete_step({}, set(), 2) == 1
-    assert first_incomplete_step(steps, committed, 2) == 4  # step 4's checkpoint is due and missing
-    assert first_incomplete_step(steps, committed, -1) == 5
-    assert first_incomplete_step(steps, committed - {(3, "metrics")}, 2) == 3
+    assert first_incomplete_step({}, set(), save_steps=2, eval_steps=-1) == 1
+    # step 4's checkpoint is due and missing
+    assert first_incomplete_step(steps, committed, save_steps=2, eval_steps=-1) == 4
+    assert first_incomplete_step(steps, committed, save_steps=-1, eval_steps=-1) == 5
+    assert first_incomplete_step(steps, committed - {(3, "metrics")}, save_steps=2, eval_steps=-1) == 3
+    assert first_incomplete_step(steps, committed, save_steps=-1, eval_steps=2) == 2  # step 2 was not evaluated
 
 
 def test_live_workers_are_kept_only_at_the_version_the_resumed_step_needs():

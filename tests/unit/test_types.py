@@ -48,13 +48,19 @@ def test_the_clock_reports_the_collector_pauses_since_the_last_stage():
 
 def _run(**changes) -> RunRef:
     fields = dict(run_id="r1", store_root="/tmp/store/", stage_timeout_s=60.0, roles=("actor", "rollout"),
-                  stage_retries=2, retry_delay_s=5.0, save_steps=2)
+                  stage_retries=2, retry_delay_s=5.0, save_steps=2, eval_steps=3, eval_at_start=False)
     return RunRef(**fields | changes)
 
 
 def test_checkpoints_are_due_every_save_steps():
     assert [k for k in range(1, 8) if _run().is_checkpoint_due(k)] == [2, 4, 6]
     assert not any(_run(save_steps=-1).is_checkpoint_due(k) for k in range(1, 8))
+
+
+def test_evaluations_are_due_every_eval_steps_and_at_step_0_with_at_start():
+    assert [k for k in range(0, 8) if _run().is_eval_due(k)] == [3, 6]
+    assert [k for k in range(0, 8) if _run(eval_at_start=True).is_eval_due(k)] == [0, 3, 6]
+    assert [k for k in range(0, 8) if _run(eval_steps=-1, eval_at_start=True).is_eval_due(k)] == [0]
 
 
 def test_actor_names_and_unknown_roles():

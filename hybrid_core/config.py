@@ -61,10 +61,9 @@ class OptimizerFields(ConfigBlock):
 
 class ActorConfig(OptimizerFields):
     IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {"policy_loss_type": frozenset({"ppo", "gspo"})}
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        OptimizerFields.IMPLEMENTED | {"model_name_or_path", "num_nodes", "num_gpus_per_node",
-        "gradient_checkpointing_enable", "eps_clip", "eps_clip_low_high", "dual_clip", "policy_loss_type",
-        "entropy_coef"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(OptimizerFields.IMPLEMENTED | {
+        "model_name_or_path", "num_nodes", "num_gpus_per_node", "gradient_checkpointing_enable", "eps_clip",
+        "eps_clip_low_high", "dual_clip", "policy_loss_type", "entropy_coef"})
     model_name_or_path: str | None = Field(None, description="HF model id or local path of the policy")
     num_nodes: int = Field(1, gt=0, description="nodes for the actor")
     num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the actor")
@@ -80,9 +79,8 @@ class ActorConfig(OptimizerFields):
 
 
 class CriticConfig(OptimizerFields):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        OptimizerFields.IMPLEMENTED | {"model_name_or_path", "num_nodes", "num_gpus_per_node", "value_clip",
-        "freezing_steps"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(OptimizerFields.IMPLEMENTED | {
+        "model_name_or_path", "num_nodes", "num_gpus_per_node", "value_clip", "freezing_steps"})
     adam: AdamConfig = Field(default_factory=lambda: AdamConfig(lr=9e-6), description="Adam settings")
     model_name_or_path: str | None = Field(None, description="critic model (default: reward model path)")
     num_nodes: int = Field(1, gt=0, description="nodes for the critic")
@@ -102,8 +100,8 @@ class RefConfig(ConfigBlock):
 class RewardConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
-        "timeout_s", "max_retries", "remote_batch_size", "model_name_or_path", "num_nodes", "num_gpus_per_node",
-        "offload", "normalize_enable"})
+         "timeout_s", "max_retries", "remote_batch_size", "model_name_or_path", "num_nodes", "num_gpus_per_node",
+         "offload", "normalize_enable"})
     model_name_or_path: str | None = Field(None, description="reward model (a local dir: backbone + value head)")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
@@ -223,8 +221,7 @@ class RolloutConfig(ConfigBlock):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling")
     seed_per_prompt: bool = Field(True, description="PROJECT: sampling seeded per (run seed, step, prompt), so a "
                                   "retried or resumed rollout regenerates the same samples on any engine; false: "
-                                  "the engine's own seeded generator, as OpenRLHF does (on the H200 both generated "
-                                  "24.8-24.9k tok/s)")
+                                  "the engine's own seeded generator, as OpenRLHF does (both 24.8-24.9k tok/s)")
 
 
 class TrainConfig(ConfigBlock):
@@ -260,8 +257,8 @@ class TrainConfig(ConfigBlock):
 class DataConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"prompt_dataset", "prompt_probs", "prompt_split", "input_key", "label_key", "input_template",
-         "apply_chat_template", "max_len", "max_samples"})
-    prompt_dataset: str | None = Field(None, description="prompt dataset(s), comma-separated: files, folders, hub names")
+        "apply_chat_template", "max_len", "max_samples"})
+    prompt_dataset: str | None = Field(None, description="prompt datasets, comma-separated: files, folders, hub names")
     prompt_probs: str | None = Field(None, description="sampling probabilities, comma-separated (unset: concatenate)")
     prompt_split: str = Field("train", description="dataset split")
     input_key: str = Field("input", description="prompt column")
@@ -279,8 +276,7 @@ class DataConfig(ConfigBlock):
 class EvalConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"dataset", "split", "steps", "temperature", "n_samples_per_prompt", "at_start"})
-    dataset: str | None = Field(None, description="eval dataset(s), comma-separated (needs a reward function or "
-                                "remote reward)")
+    dataset: str | None = Field(None, description="eval datasets, comma-separated (needs reward.remote_url)")
     split: str = Field("train", description="eval split")
     steps: int = Field(-1, ge=-1, description="evaluate every N steps (-1: never)")
     temperature: float = Field(0.6, ge=0, description="eval temperature")
@@ -299,8 +295,7 @@ class CkptConfig(ConfigBlock):
     max_num: int = Field(3, gt=0, description="checkpoints kept")
     max_mem: float = Field(1e8, gt=0, description="checkpoint disk budget in GB")
     load_enable: bool = Field(False, description="resume from ckpt.path")
-    best_metric_key: str = Field("", description="eval metric whose best checkpoint rotation keeps ('': the first "
-                                 "eval/*_pass1; 'none' disables)")
+    best_metric_key: str = Field("", description="eval metric of the best checkpoint ('': first eval/*_pass1; 'none')")
 
 
 class WandbConfig(ConfigBlock):

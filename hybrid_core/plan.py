@@ -324,6 +324,8 @@ def _missing_inputs(cfg: RunConfig) -> list[str]:
                "a local HF model directory or a hub model id", True),
               ("data.prompt_dataset", cfg.data.prompt_dataset,
                "a local JSONL/JSON/CSV/Parquet/Arrow file, a dataset folder or a hub dataset name", True)]
+    if cfg.eval.dataset is not None:
+        checks.append(("eval.dataset", cfg.eval.dataset, "local files, dataset folders or hub dataset names", True))
     if cfg.reward.remote_url is not None:  # neither it nor a reward model: `_reward_model_problems`
         checks.append(("reward.remote_url", cfg.reward.remote_url, "a .py file defining reward_func", False))
     problems = []
@@ -331,7 +333,7 @@ def _missing_inputs(cfg: RunConfig) -> list[str]:
         if value is None:
             problems.append(f"{field} is required: got None; give {what}")
             continue
-        entries = [v.strip() for v in value.split(",")] if field == "data.prompt_dataset" else [value]
+        entries = [v.strip() for v in value.split(",")] if field.endswith("dataset") else [value]
         for entry in entries:
             if entry.startswith(("http://", "https://")) or Path(entry).exists():
                 continue

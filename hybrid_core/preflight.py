@@ -90,6 +90,10 @@ def input_problems(cfg: RunConfig) -> list[str]:
             batch_size = cfg.rollout.batch_size if len(sources) == 1 else 0
             problems += prompt_dataset_problems(source, d.input_key, d.label_key, batch_size, d.max_samples,
                                                 d.prompt_split)
+    for source in [name.strip() for name in (cfg.eval.dataset or "").split(",")]:  # every row is evaluated
+        if source and Path(source).exists():
+            problems += prompt_dataset_problems(source, d.input_key, d.label_key, 0, d.max_samples, cfg.eval.split,
+                                                field="eval.dataset")
     if url and url.endswith(".py"):
         problems += reward_file_problems(url)
     return problems

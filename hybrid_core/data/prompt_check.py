@@ -84,9 +84,9 @@ def _bad_row(where: str, row: object, input_key: str) -> str | None:
 
 
 def prompt_dataset_problems(dataset: str, input_key: str, label_key: str | None, batch_size: int,
-                            max_samples: int, split: str = "train") -> list[str]:
+                            max_samples: int, split: str = "train", field: str = "data.prompt_dataset") -> list[str]:
     """Why the dataset cannot feed the run (empty when it can): unreadable, a key no row has, rows without an
-    input (the first few named), or fewer rows than `rollout.batch_size`."""
+    input (the first few named), or fewer rows than `rollout.batch_size`. `field`: the flag that names it."""
     bad, keys, num_rows = [], set(), 0
     try:
         for where, row in iter_records(dataset, split):
@@ -95,11 +95,11 @@ def prompt_dataset_problems(dataset: str, input_key: str, label_key: str | None,
             if (problem := _bad_row(where, row, input_key)) and len(bad) < MAX_ROWS_NAMED:
                 bad.append(problem)
     except (OSError, ValueError, UnicodeDecodeError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        return [f"data.prompt_dataset {dataset!r} cannot be read: {err}"]
+        return [f"{field} {dataset!r} cannot be read: {err}"]
     if num_rows and input_key not in keys:
         return [f"data.input_key {input_key!r} is not a column of {dataset!r}: its columns are {sorted(keys)}; set "
                 "--data.input_key to one of them"]
-    problems = [f"data.prompt_dataset row {problem}; give every prompt a non-empty input" for problem in bad]
+    problems = [f"{field} row {problem}; give every prompt a non-empty input" for problem in bad]
     if label_key is not None and num_rows and label_key not in keys:
         problems.append(f"data.label_key {label_key!r} is not a column of {dataset!r}: its columns are "
                         f"{sorted(keys)}; set --data.label_key to one of them, or leave it unset")

@@ -37,6 +37,9 @@ def load_eval_prompts(settings: EvalSettings) -> list[Prompt]:
     """Every eval prompt, indexed by its row (a comma list of datasets concatenated, none left out), with the
     dataset it came from."""
     rows = load_prompt_rows(settings.dataset, settings.input_key, settings.label_key, split=settings.split)
+    if not rows:
+        raise ValueError(f"eval.dataset {settings.dataset!r} has no rows (split {settings.split!r}): give it prompts "
+                         "or drop --eval.dataset")
     return [Prompt(index=i, text=row.text, label=row.label, source=row.source) for i, row in enumerate(rows)]
 
 

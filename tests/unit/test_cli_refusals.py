@@ -60,12 +60,18 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "a missing local model": (["--actor.model_name_or_path", str(tmp / "models" / "none")],
                                   "actor.model_name_or_path does not exist: got '"),
     } | {"a good model but no prompts": (["--actor.model_name_or_path", str(good_model), "--data.prompt_dataset",
-                                          str(tmp / "nowhere.jsonl")], "data.prompt_dataset does not exist")}
+                                          str(tmp / "nowhere.jsonl")], "data.prompt_dataset does not exist"),
+         "a missing eval file": (["--eval.dataset", str(tmp / "no-eval.jsonl"), "--eval.steps", "2"],
+                                 "eval.dataset does not exist: got '"),
+         "an eval row without the input key": (
+             ["--eval.dataset", _write(tmp / "eval.jsonl", prompts + '{"q": "x"}\n'), "--eval.at_start"],
+             "eval.jsonl line 21 has no 'input' (data.input_key): its keys are ['q']")}
 
 
 CASES = ["an empty dataset", "a dataset smaller than a step", "malformed JSONL", "a row without the input key",
          "a reward file with a syntax error", "a reward file without reward_func", "an empty model directory",
-         "a store under /proc", "a store that is a file", "a missing local model", "a good model but no prompts"]
+         "a store under /proc", "a store that is a file", "a missing local model", "a good model but no prompts",
+         "a missing eval file", "an eval row without the input key"]
 
 
 @pytest.mark.parametrize("case", CASES)

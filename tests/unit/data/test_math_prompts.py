@@ -102,7 +102,8 @@ def test_the_cpu_math_demo_passes_the_plan():
 
 def test_the_math_demo_prompts_fit_without_truncation():
     """Every chat-templated prompt of the demo fits in data.max_len − rollout.max_new_tokens (the tiny tokenizer is
-    one token per character), so the demo's truncation warning never fires."""
+    one token per character), so the demo's truncation warning never fires, and a step's prefill fits vLLM's CPU
+    token budget."""
     from transformers import AutoTokenizer
 
     from hybrid_core.data.prompts import format_prompt
@@ -114,3 +115,5 @@ def test_the_math_demo_prompts_fit_without_truncation():
     longest = max(len(tokenizer(format_prompt(r["prompt"], tokenizer, True, None), add_special_tokens=False)
                       ["input_ids"]) for r in rows)
     assert longest <= demo["data"]["max_len"] - demo["rollout"]["max_new_tokens"], longest
+    # and vllm.max_num_seqs of them fit vLLM's CPU token budget of a step (no chunked prefill: see the config)
+    assert demo["vllm"]["max_num_seqs"] * longest <= 4096, longest

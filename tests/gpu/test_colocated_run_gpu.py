@@ -26,6 +26,9 @@ def colocated_config(standin: Path, root: Path) -> Path:
     cfg["train"] |= {"batch_size": 8, "micro_batch_size": 4, "max_steps": STEPS, "device": "cuda"}
     cfg["data"]["prompt_dataset"] = str(REPO_ROOT / "data" / "demo_prompts.jsonl")
     cfg["reward"]["remote_url"] = str(REPO_ROOT / "data" / "letters_reward.py")
+    eval_file = root / "letters_eval.jsonl"
+    eval_file.write_text("".join((REPO_ROOT / "data" / "demo_prompts.jsonl").read_text().splitlines(True)[:6]))
+    cfg["eval"] = {"dataset": str(eval_file), "steps": 1, "at_start": True, "n_samples_per_prompt": 2}
     cfg["store"] = {"root": str(root / "runs")}
     path = root / "colocated.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -49,13 +52,17 @@ def test_two_colocated_steps_on_one_gpu(standin, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "runs" / "gpu2"
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert sorted(manifest["steps"]) == [str(k) for k in range(1, STEPS + 1)]
+    assert sorted(manifest["steps"]) == [str(k) for k in range(0, STEPS + 1)]  # step 0: the initial evaluation
+    for step in range(0, STEPS + 1):  # the engine slept between its evaluation and the next rollout
+        evaluated = pds.dataset(str(run_dir / "steps" / str(step) / "eval"), format="parquet").to_table()
+        assert evaluated.num_rows == 12 and set(evaluated.column("policy_version").to_pylist()) == {step}
     for step in range(1, STEPS + 1):
         row = pds.dataset(str(run_dir / "steps" / str(step) / "metrics"), format="parquet").to_table().to_pylist()[0]
         assert row["rollout/response_length_mean"] > 0
         for key in ("timing_s/rollout", "timing_s/train", "timing_s/sync", "timing_s/vllm_wake",
                     "timing_s/ds_wake", "timing_s/ds_sleep", "memory_gib/actor_experience", "memory_gib/actor_train"):
             assert key in row, key
+        assert 0.0 <= row["eval/letters_eval_pass1"] <= row["eval/letters_eval_pass2"] <= 1.0
         # the actor's peaks lie between its bf16 weights (0.6B: > 1 GiB) and the whole GPU
         assert 1.0 < row["memory_gib/actor_experience"] < 140 and 1.0 < row["memory_gib/actor_train"] < 140
         print(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in row.items()

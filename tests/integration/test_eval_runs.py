@@ -1,7 +1,8 @@
-"""The eval stage in a real run (Ray, vLLM CPU, DeepSpeed CPU, the session's Prefect server): the initial policy and
-every step's synced policy evaluated, each evaluation committed as its own dataset, its figures recomputed here from
-those rows (and its rewards from the reward file itself), the best checkpoint kept through rotation to one, and an
-evaluation whose commit was lost regenerated identically on resume."""
+"""The eval stage in a real run (Ray, vLLM CPU, DeepSpeed CPU, the session's Prefect server; the session's
+`served_eval_run`, scored by reward servers): the initial policy and every step's synced policy evaluated, each
+evaluation committed as its own dataset, its figures recomputed here from those rows (and its rewards from the reward
+file itself), the best checkpoint kept through rotation to one, and an evaluation whose commit was lost regenerated
+identically on resume."""
 from __future__ import annotations
 
 import json
@@ -15,27 +16,16 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.integration.conftest import micro_config, read_metrics, read_stage
+from tests.integration.served_eval_run import EVAL_K as K
+from tests.integration.served_eval_run import RUN_ID, manifest_of
 
-K = 2
 STEPS = (0, 1, 2, 3)
 
 
-def _eval_file(tmp: Path) -> Path:
-    rows = [json.loads(line) for line in (REPO_ROOT / "data" / "demo_prompts.jsonl").read_text().splitlines()]
-    path = tmp / "letters_eval.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows[-3:]))
-    return path
-
-
 @pytest.fixture(scope="module")
-def eval_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
-    from flows.rl_train import rl_train
-
-    root = tmp_path_factory.mktemp("eval-runs")
-    cfg = micro_config(root, "--eval.dataset", str(_eval_file(root)), "--eval.steps", "1", "--eval.at_start",
-                       "--eval.n_samples_per_prompt", str(K), "--eval.temperature", "1.0", "--ckpt.save_steps", "1",
-                       "--ckpt.max_num", "1", "--logger.tensorboard_dir", str(root / "tb"))
-    return cfg, rl_train(cfg, run_id="evaluated"), prefect_server
+def eval_run(served_eval_run):
+    run = served_eval_run
+    return run.cfg, run.result, run.api_url
 
 
 def _letters_rewards(table) -> list[float]:
@@ -78,13 +68,13 @@ def test_eval_figures_reach_tensorboard_under_eval_and_the_prefect_eval_table(ev
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg, result, api_url = eval_run
-    events = EventAccumulator(str(Path(cfg.logger.tensorboard_dir) / "evaluated"))
+    events = EventAccumulator(str(Path(cfg.logger.tensorboard_dir) / RUN_ID))
     events.Reload()
     logged = [(e.step, e.value) for e in events.Scalars("eval/letters_eval_pass1")]
     expected = [(k, read_metrics(result.run_dir, k)["eval/letters_eval_pass1"]) for k in STEPS]
     assert [s for s, _ in logged] == list(STEPS)
     assert [v for _, v in logged] == pytest.approx([v for _, v in expected], abs=1e-6)
-    body = json.dumps({"artifacts": {"key": {"any_": ["rl-eval-evaluated"]}}}).encode()
+    body = json.dumps({"artifacts": {"key": {"any_": [f"rl-eval-{RUN_ID}"]}}}).encode()
     request = urllib.request.Request(f"{api_url}/artifacts/filter", data=body,
                                      headers={"content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -96,7 +86,7 @@ def test_eval_figures_reach_tensorboard_under_eval_and_the_prefect_eval_table(ev
 
 def test_the_best_checkpoint_survives_rotation_to_one(eval_run):
     cfg, result, _ = eval_run
-    manifest = json.loads((Path(result.run_dir) / "manifest.json").read_text())
+    manifest = manifest_of(result.run_dir)
     pass1 = {k: read_metrics(result.run_dir, k)["eval/letters_eval_pass1"] for k in (1, 2, 3)}
     best = max(sorted(pass1), key=pass1.__getitem__)  # the earlier one on a tie
     records = {k: manifest["steps"][str(k)]["checkpoint"] for k in (1, 2, 3)}
@@ -107,15 +97,15 @@ def test_the_best_checkpoint_survives_rotation_to_one(eval_run):
     assert on_disk == sorted({f"global_step{best}", "global_step3"})
 
 
-def test_a_lost_evaluation_is_regenerated_identically_on_resume(eval_run):
+def test_a_lost_evaluation_is_regenerated_identically_on_resume(served_eval_run):
     from flows.rl_train import rl_train
 
-    cfg, result, _ = eval_run
+    cfg, result, flags = served_eval_run.cfg, served_eval_run.result, served_eval_run.flags
     run_dir = Path(result.run_dir)
     before = {k: read_stage(str(run_dir), k, "eval") for k in STEPS}
     rows_before = {k: read_metrics(str(run_dir), k) for k in STEPS}
     shutil.rmtree(run_dir / "steps" / "2" / "eval")
-    resumed = rl_train(micro_config(Path(cfg.store.root), *_flags_of(cfg)), run_id="evaluated", resume=True)
+    resumed = rl_train(micro_config(Path(cfg.store.root), *flags), run_id=RUN_ID, resume=True)
     assert resumed.num_steps == 3
     for k in STEPS:
         assert read_stage(str(run_dir), k, "eval").equals(before[k]), k
@@ -127,8 +117,3 @@ def test_a_lost_evaluation_is_regenerated_identically_on_resume(eval_run):
     assert commits[(2, "eval")] == 2  # regenerated, to the same rows
     assert {commits[(k, stage)] for k in (1, 2, 3) for stage in ("rollout", "reward", "advantage")} == {1}
 
-
-def _flags_of(cfg) -> list[str]:
-    return ["--eval.dataset", cfg.eval.dataset, "--eval.steps", "1", "--eval.at_start", "--eval.n_samples_per_prompt",
-            str(K), "--eval.temperature", "1.0", "--ckpt.save_steps", "1", "--ckpt.max_num", "1",
-            "--logger.tensorboard_dir", cfg.logger.tensorboard_dir]

@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 CASES = [json.loads(line) for line in (Path(__file__).parent / "math_cases.jsonl").read_text().splitlines()]
 TOWER = "Multiplying out: $\\boxed{9^{9^{9^{9}}}}$"  # 9^(9^387420489): sympy would compute for hours
 LIMIT_S = 1.0
+CASE_LIMIT_S = 10.0  # the verdicts are checked with room to spare: a loaded 2-core machine is not a wrong answer
 SLACK_S = 1.5  # pipe round trips and, after an earlier timeout, the replacement child's imports
 
 
@@ -34,7 +35,7 @@ def test_the_case_file_is_large_and_its_ids_are_unique():
 
 @pytest.mark.parametrize("case", CASES, ids=[case["id"] for case in CASES])
 def test_case(case):
-    result = grade(case["response"], case["label"], timeout_s=LIMIT_S)
+    result = grade(case["response"], case["label"], timeout_s=CASE_LIMIT_S)
     assert result.is_correct == case["expected"], result
     if "format_ok" in case:
         assert result.is_format_ok == case["format_ok"], result

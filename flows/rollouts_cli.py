@@ -1,17 +1,17 @@
 """`hybrid rollouts RUN_DIR [--step K] [--stage STAGE] [--head N]`: a run's datasets at a glance.
 
-Prints one summary line per committed step (rows, reward, response length, KL from the metrics rows), then the first
-N rows of one stage of one step (default: the rollouts of the last step). Reads the Arrow datasets with pyarrow and
-fsspec directly (through the run store, which refuses a damaged manifest clearly), locally or on s3://, so it works
-on a run whose workers are long gone.
+Prints one summary line per committed step (rows, reward, response length, KL and eval pass@1 from the metrics rows,
+step 0 being the initial evaluation), then the first N rows of one stage of one step (default: the rollouts of the
+last step). Reads the Arrow datasets with pyarrow and fsspec directly (through the run store, which refuses a
+damaged manifest clearly), locally or on s3://, so it works on a run whose workers are long gone.
 """
 from __future__ import annotations
 
 import json
 import sys
 
-USAGE = "usage: hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]"
-STAGES = ("rollout", "reward", "advantage", "metrics")
+USAGE = "usage: hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|eval|metrics] [--head N]"
+STAGES = ("rollout", "reward", "advantage", "eval", "metrics")
 
 
 def _options(argv: list[str]) -> dict:
@@ -38,6 +38,17 @@ def _cell(value, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
+def _summary_line(step: int, entries: dict, m: dict) -> str:
+    """A step's line: its samples, reward, length and KL, and each data source's pass@1 when it was evaluated."""
+    evaluated = " | ".join(f"{key.removeprefix('eval/')} {value:.4f}" for key, value in m.items()
+                           if key.startswith("eval/") and key.endswith("_pass1"))
+    if "rollout" not in entries:  # step 0 (eval.at_start): the evaluation of the initial policy alone
+        return f"step {step}: initial evaluation | {evaluated}"
+    line = (f"step {step}: {entries['rollout']['rows']} samples | reward {m['reward/mean']:.4f} | "
+            f"response length {m['rollout/response_length_mean']:.1f} | kl {m['actor/kl']:.5f}")
+    return f"{line} | {evaluated}" if evaluated else line
+
+
 def rollouts_command(argv: list[str]) -> int:
     from hybrid_core.data.rollout_store import ManifestError, RolloutStore
 
@@ -58,10 +69,8 @@ def rollouts_command(argv: list[str]) -> int:
         return 2
     done = sorted(int(k) for k, v in steps.items() if "metrics" in v)
     for k in done:
-        m = _table(fs, root, k, "metrics").to_pylist()[0]
-        print(f"step {k}: {steps[str(k)]['rollout']['rows']} samples | reward {m['reward/mean']:.4f} | "
-              f"response length {m['rollout/response_length_mean']:.1f} | kl {m['actor/kl']:.5f}")
-    step = opts["step"] or (max(int(k) for k in steps) if steps else None)
+        print(_summary_line(k, steps[str(k)], _table(fs, root, k, "metrics").to_pylist()[0]))
+    step = opts["step"] if opts["step"] is not None else (max(int(k) for k in steps) if steps else None)
     if step is None or opts["stage"] not in steps.get(str(step), {}):
         print(f"step {step} has no committed {opts['stage']!r} dataset", file=sys.stderr)
         return 2

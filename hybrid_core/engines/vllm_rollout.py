@@ -58,6 +58,9 @@ class EngineSettings:
     block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
 
 
+CPU_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens default on CPU for the LLM class (engine/arg_utils.py)
+
+
 def _check_version(platform: str) -> None:
     import vllm
 
@@ -88,6 +91,13 @@ def _load_shared(worker, pickled: bytes):
     torch.cuda.synchronize()  # the sender reuses the bucket's memory once this call returns
 
 
+def whole_prompt_prefill(max_model_len: int) -> dict:
+    """CPU: every prompt is prefilled in one step. vLLM's CPU build fails when a prefill split across steps (chunked
+    prefill, once a step's prompts exceed its token budget) meets per-request seeds ("CPU Generator does not use
+    offset"); vLLM itself turns chunked prefill off this way on CPU for MLA models (`platforms/cpu.py`)."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_TOKEN_BUDGET)}
+
+
 class VllmRolloutEngine:
     """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
 
@@ -104,6 +114,8 @@ class VllmRolloutEngine:
                         self.platform)
         extra = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
                                                 ("block_size", settings.block_size)) if value}
+        if self.platform == "cpu":
+            extra |= whole_prompt_prefill(settings.max_model_len)
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,

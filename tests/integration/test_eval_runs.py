@@ -97,6 +97,20 @@ def test_the_best_checkpoint_survives_rotation_to_one(eval_run):
     assert on_disk == sorted({f"global_step{best}", "global_step3"})
 
 
+def test_hybrid_rollouts_shows_the_evaluations(eval_run):
+    import subprocess
+    import sys
+
+    _, result, _ = eval_run
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "rollouts", result.run_dir, "--step", "0", "--stage",
+                           "eval", "--head", "2"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    pass1 = {k: read_metrics(result.run_dir, k)["eval/letters_eval_pass1"] for k in STEPS}
+    assert f"step 0: initial evaluation | letters_eval_pass1 {pass1[0]:.4f}\n" in proc.stdout
+    assert "| kl " in proc.stdout and f"| letters_eval_pass1 {pass1[3]:.4f}\n" in proc.stdout
+    assert "eval of step 0 (first 2 rows):" in proc.stdout and "data_source=letters_eval" in proc.stdout
+
+
 def test_a_lost_evaluation_is_regenerated_identically_on_resume(served_eval_run):
     from flows.rl_train import rl_train
 

@@ -34,11 +34,14 @@ def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDi
         stage = step_tasks(run)
         stage.eval(run, 0)
         report.initial_eval_done(stage.metrics(run, 0))
-    for step in range(workers.next_step, workers.num_steps + 1):
-        lease.check()
-        row = rl_step(run, step)
-        show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
-        report.step_done(row, samples(run, step), print_line=show)
+    try:
+        for step in range(workers.next_step, workers.num_steps + 1):
+            lease.check()
+            row = rl_step(run, step)
+            show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
+            report.step_done(row, samples.submit(run, step), print_line=show)
+    finally:
+        report.close()
     save_model(run, workers.model_uri)
 
 

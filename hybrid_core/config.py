@@ -38,25 +38,26 @@ class AdamConfig(ConfigBlock):
 
 
 class MuonConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
-    lr: float = Field(0.02, gt=0, description="Muon learning rate")
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr", "momentum"})  # DeepSpeed's Muon: 5 steps, Nesterov
+    lr: float = Field(0.02, gt=0, description="Muon learning rate (2-D hidden weights)")
     momentum: float = Field(0.95, ge=0, lt=1, description="Muon momentum")
-    ns_steps: int = Field(5, gt=0, description="Newton-Schulz iterations (ignored by DeepSpeed)")
-    nesterov: bool = Field(True, description="Nesterov momentum; --<role>.muon.no_nesterov turns it off")
+    ns_steps: int = Field(5, gt=0, description="Newton-Schulz iterations (DeepSpeed always runs 5)")
+    nesterov: bool = Field(True, description="Nesterov momentum (DeepSpeed always uses it); --<role>.muon.no_nesterov")
 
 
 class OptimizerFields(ConfigBlock):
     """The optimizer block shared by the actor and the critic."""
 
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm"})
-    optim: Literal["adam", "muon"] = Field("adam", description="optimizer")
-    adam: AdamConfig = Field(default_factory=AdamConfig, description="Adam settings (optim=adam)")
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
+        {"optim", "lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm"})
+    optim: Literal["adam", "muon"] = Field("adam", description="optimizer (muon: DeepSpeed's Muon with an aux Adam)")
+    adam: AdamConfig = Field(default_factory=AdamConfig, description="Adam settings (also Muon's auxiliary Adam)")
     muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon settings (optim=muon)")
     lr_scheduler: Literal["cosine_with_min_lr", "constant", "linear", "cosine"] = Field(
         "cosine_with_min_lr", description="learning-rate schedule")
     lr_warmup_ratio: float = Field(0.03, ge=0, le=1, description="fraction of steps spent warming up")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak lr")
-    max_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    max_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: no clipping)")
 
 
 class ActorConfig(OptimizerFields):
@@ -91,10 +92,10 @@ class CriticConfig(OptimizerFields):
 
 
 class RefConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"num_nodes", "num_gpus_per_node"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"num_nodes", "num_gpus_per_node", "offload"})
     num_nodes: int = Field(1, gt=0, description="nodes for the reference model")
     num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the reference model")
-    offload: bool = Field(False, description="ZeRO param offload of the reference model to CPU")
+    offload: bool = Field(False, description="reference weights in host memory outside the advantage stage")
 
 
 class RewardConfig(ConfigBlock):
@@ -148,11 +149,11 @@ LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra 
 
 
 class DsConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"zero_stage", "param_dtype", "adam_offload", "enable_sleep",
+                                                       "packing_samples", "use_liger_kernel", "value_head_prefix"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
-    adam_offload: bool = Field(False, description="offload Adam states to CPU")
+    adam_offload: bool = Field(False, description="ZeRO-Offload: optimizer states and step on the host")
     zpg: int = Field(1, gt=0, description="ZeRO++ hpZ partition size")
     overlap_comm: bool = Field(False, description="overlap communication with compute")
     grad_accum_dtype: str | None = Field(None, description="gradient accumulation dtype")
@@ -161,8 +162,7 @@ class DsConfig(ConfigBlock):
     tensor_parallel_size: int = Field(1, gt=0, description="DeepSpeed AutoTP degree")
     ring_attn_size: int = Field(1, gt=0, description="ring attention group size")
     ring_attn_head_stride: int = Field(1, gt=0, description="ring attention head stride")
-    packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row "
-                                  "(attention: PyTorch varlen flash attention on CUDA, sdpa on CPU)")
+    packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")

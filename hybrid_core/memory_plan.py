@@ -1,21 +1,18 @@
 """Per-GPU memory estimate of a colocated run: the terms `hybrid plan` prints and `hybrid train` checks.
 
-Owns model shapes (a local model's config.json, or the shipped table `data/model_shapes.json` for hub names, so
-planning works offline) and the bytes every role holds on one GPU in each phase of a step. Pure functions of a
-`RunConfig`: no torch, no Ray. It does not know the placement (the caller names the roles sharing the GPU), what
-vLLM does inside its reservation, or the allocator's fragmentation beyond the cached blocks it models.
+Owns the bytes every role holds on one GPU in each phase of a step, from the models' shapes (`model_shapes`). Pure
+functions of a `RunConfig`: no torch, no Ray. It does not know the placement (the caller names the roles sharing
+the GPU), what vLLM does inside its reservation, or the allocator's fragmentation beyond the cached blocks it models.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-from hybrid_core.config import RunConfig
+from hybrid_core.config import OptimizerFields, RunConfig
+from hybrid_core.model_shapes import ModelShape, model_shape  # noqa: F401  (ModelShape: read by the plan's users)
 
 GIB = 2**30
-SHAPES_FILE = Path(__file__).parents[1] / "data" / "model_shapes.json"
 PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 CONTEXT_GIB = 0.5  # one CUDA context (measured 0.51 GiB on the H200, CUDA 13, lazy module loading)
 # Outside PyTorch's pool in a DeepSpeed process after a step: NCCL and cuBLAS buffers (measured 1.30 GiB with the
@@ -40,98 +37,6 @@ FORWARD_LOGIT_BYTES = 12
 # counted twice (see _trainer_terms): the plan now says 74.7 GiB (+2.1%).
 STEP_BYTES = 8
 SYNC_BUFFERS = 2  # weight-sync bucket buffers the actor fills in turn (engines/weight_sync.py BucketBuffers)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The architecture fields of a Qwen-style decoder (a config.json's names) that memory depends on."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool
-
-    @property
-    def layer_params(self) -> int:
-        """One decoder layer: q/k/v/o projections (no biases), gate/up/down MLP, two RMSNorms, q_norm and k_norm."""
-        h, q_dim, kv_dim = self.hidden_size, self.num_attention_heads * self.head_dim, \
-            self.num_key_value_heads * self.head_dim
-        attention = h * q_dim + 2 * h * kv_dim + q_dim * h
-        return attention + 3 * h * self.intermediate_size + 2 * h + 2 * self.head_dim
-
-    @property
-    def largest_param_numel(self) -> int:
-        """The biggest single tensor (the embedding for these vocabularies): a sync bucket is at least that big."""
-        q_dim = self.num_attention_heads * self.head_dim
-        return max(self.vocab_size * self.hidden_size, self.hidden_size * max(self.intermediate_size, q_dim))
-
-    @property
-    def num_params(self) -> int:
-        """Embedding + layers + final norm + lm_head (none when tied to the embedding)."""
-        embedding = self.vocab_size * self.hidden_size
-        lm_head = 0 if self.tie_word_embeddings else embedding
-        return embedding + self.num_hidden_layers * self.layer_params + self.hidden_size + lm_head
-
-    @property
-    def non_embedding_params(self) -> int:
-        """Layers and the final norm: `num_params` without the embedding and the lm_head."""
-        return self.num_hidden_layers * self.layer_params + self.hidden_size
-
-    def activation_bytes_per_token(self, param_bytes: int, is_checkpointed: bool) -> int:
-        """Bytes autograd keeps per token for the whole decoder stack during a training forward.
-
-        Checkpointed: each layer's input (hidden). Otherwise, per layer (2-byte activations, measured within 2% on
-        the H200 for a Qwen3-1.7B shape with sdpa attention): each RMSNorm keeps an fp32 copy of its input and its
-        bf16 output (6·hidden bytes, two norms); q/k/v outputs 2·(q + 2·kv); q_norm/k_norm 6·(q + kv); the rotated
-        q/k 2·(q + kv); the attention output and its contiguous copy for o_proj 4·q; gate, up, SiLU(gate) and
-        their product 8·intermediate. Sum: 12·hidden + 14·q + 12·kv + 8·intermediate.
-        """
-        h = self.hidden_size
-        if is_checkpointed:
-            return self.num_hidden_layers * h * param_bytes
-        q_dim, kv_dim = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        per_layer = 12 * h + 14 * q_dim + 12 * kv_dim + 8 * self.intermediate_size
-        return self.num_hidden_layers * per_layer * param_bytes // 2
-
-    def layer_bytes_per_token(self, param_bytes: int) -> int:
-        """One layer's full activations per token: what a checkpointed backward recomputes at a time."""
-        return self.activation_bytes_per_token(param_bytes, False) // self.num_hidden_layers
-
-
-def model_shape(name_or_path: str | None, field: str = "actor.model_name_or_path") -> ModelShape:
-    """The shape of a local HF model directory (its config.json) or of a hub name in `data/model_shapes.json`.
-
-    Raises:
-        ValueError: naming `field`, the value and the fix, when neither source knows the model.
-    """
-    table = {name: shape for name, shape in json.loads(SHAPES_FILE.read_text()).items() if not name.startswith("_")}
-    if name_or_path is not None:
-        config_file = Path(name_or_path) / "config.json"
-        if config_file.is_file():
-            return _shape_from(json.loads(config_file.read_text()), str(config_file))
-        if name_or_path in table:
-            return _shape_from(table[name_or_path], f"{SHAPES_FILE} [{name_or_path!r}]")
-    raise ValueError(f"{field} has no known model shape for the memory plan: got {name_or_path!r}; give a local "
-                     f"HF model directory with a config.json, or one of {', '.join(sorted(table))} "
-                     f"(add others to {SHAPES_FILE.name})")
-
-
-def _shape_from(fields: dict, source: str) -> ModelShape:
-    fields = fields.get("text_config", fields)  # multimodal configs nest the language model's fields
-    missing = [name for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                 "vocab_size") if name not in fields]
-    if missing:
-        raise ValueError(f"{source} lacks {', '.join(missing)}: got keys {sorted(fields)}; the memory plan needs "
-                         "a decoder config (hidden_size, intermediate_size, num_hidden_layers, …)")
-    heads = fields["num_attention_heads"]
-    return ModelShape(fields["hidden_size"], fields["intermediate_size"], fields["num_hidden_layers"], heads,
-                      fields.get("num_key_value_heads") or heads,
-                      fields.get("head_dim") or fields["hidden_size"] // heads, fields["vocab_size"],
-                      bool(fields.get("tie_word_embeddings", False)))
 
 
 @dataclass(frozen=True)
@@ -194,15 +99,16 @@ class TrainerBytes:
 
 
 def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> TrainerBytes:
-    """Weights, gradients, optimizer states (fp32 master + Adam moments), activations, logits and the optimizer
+    """Weights, gradients, optimizer states (`optimizer_bytes_per_param`), activations, logits and the optimizer
     step's temporaries of one rank, for ZeRO stage `ds.zero_stage` over the actor's world size.
 
     ZeRO ≥ 1 divides optimizer states, ≥ 2 gradients, 3 weights; `ds.adam_offload` keeps the optimizer on the host.
-    `has_logits`: the policy (a vocabulary head); the critic's value head has none worth counting.
+    `has_logits`: the policy (a vocabulary head, the actor's optimizer); else the critic, whose value head has none
+    worth counting.
     """
     params, world, stage = shape.num_params, cfg.actor_world_size, cfg.ds.zero_stage
     param_bytes = PARAM_BYTES[cfg.ds.param_dtype]
-    state_bytes = 8 + (0 if cfg.ds.param_dtype == "fp32" else 4)
+    state_bytes = optimizer_bytes_per_param(cfg.actor if has_logits else cfg.critic, shape, cfg.ds.param_dtype)
     partition = params / world if stage >= 1 else params
     step_params = min(partition, ZERO3_SUB_GROUP_PARAMS) if stage == 3 else partition
     tokens, forward_tokens = train_tokens(cfg), forward_tokens_of(cfg)
@@ -221,6 +127,15 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
         logits=tokens * shape.vocab_size * logit_bytes / GIB if has_logits else 0.0,
         step=0.0 if offloaded or step_from_cache else step_params * STEP_BYTES / GIB,
         forward=forward_tokens * shape.vocab_size * FORWARD_LOGIT_BYTES / GIB if has_logits else 0.0)
+
+
+def optimizer_bytes_per_param(block: OptimizerFields, shape: ModelShape, param_dtype: str) -> float:
+    """Resident optimizer bytes per parameter: the fp32 master copy of 16-bit weights, and Adam's two fp32 moments;
+    with Muon one fp32 momentum buffer for the 2-D hidden matrices (`matrix_params`), Adam's two for the rest."""
+    master = 0 if param_dtype == "fp32" else 4
+    if block.optim != "muon":
+        return master + 8
+    return master + 8 - 4 * shape.matrix_params / shape.num_params
 
 
 def train_tokens(cfg: RunConfig) -> int:
@@ -283,7 +198,7 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
         terms.append(Term("vLLM reservation", roles.vllm_gib))
     terms += _trainer_terms("actor", roles.actor, name, "train", cfg.ds.enable_sleep)
     if roles.ref:  # the reference empties PyTorch's cache after its forwards: the forward counts where it runs
-        terms += roles.ref if name == "experience" else roles.ref[:1]
+        terms += roles.ref if name == "experience" else () if cfg.ref.offload else roles.ref[:1]
     if roles.critic is not None:
         terms += _trainer_terms("critic", roles.critic, name, "critic train", cfg.ds.enable_sleep)
     if roles.reward:  # it empties PyTorch's cache after its forwards; offloaded, its weights visit for them only
@@ -309,7 +224,8 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
     Phases: rollout (vLLM generates), with a reward model reward (its forwards), experience (no-grad logprob
     forwards), train (the actor's update) and, with a critic, critic train. vLLM reserves
     `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache and activations. The reference model
-    keeps its weights; its logprob forward counts in the experience phase; the reward model's in the reward phase.
+    keeps its weights (with `ref.offload` in the experience phase only); its logprob forward counts in the
+    experience phase; the reward model's in the reward phase.
 
     Args:
         roles: the roles placed on the actor's GPUs ("actor", "ref", "critic", "reward", "rollout"); default
@@ -327,8 +243,9 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
     actor = trainer_bytes(cfg, shape, has_logits=True)
     ref: tuple[Term, ...] = ()
     if "ref" in roles:
-        # the policy's shape and dtype, partitioned like the actor's weights under ZeRO-3
-        ref = (Term("ref weights", actor.weights), Term("ref logprob forward", actor.forward))
+        # the policy's shape and dtype, whole on every replica (a plain PyTorch module, not ZeRO-partitioned)
+        ref_weights = shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / GIB
+        ref = (Term("ref weights", ref_weights), Term("ref logprob forward", actor.forward))
     reward = reward_model_terms(cfg) if "reward" in roles and cfg.reward.model_name_or_path else ()
     num_vllm = math.ceil(cfg.num_rollout_gpus / cfg.actor_world_size) if "rollout" in roles else 0
     num_processes = 1 + num_vllm + ("ref" in roles) + (critic is not None) + bool(reward)
@@ -356,9 +273,18 @@ def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int
         held = (f"level 1: its weights wait in host memory, {weights_gib:.2f} GiB of RAM per GPU"
                 if cfg.vllm.sleep_level == 1 else "level 2: its weights are dropped and pushed again")
         notes.append(f"vLLM sleeps outside the rollout phase ({held})")
-    if cfg.ds.enable_sleep:
+    if cfg.ds.adam_offload:
+        host_gib = shape.num_params / cfg.actor_world_size \
+            * optimizer_bytes_per_param(cfg.actor, shape, cfg.ds.param_dtype) / GIB
+        notes.append(f"ds.adam_offload: the actor's fp32 master weights and Adam moments live and step in host memory "
+                     f"({host_gib:.2f} GiB of RAM per GPU); DeepSpeed's sleep moves none of them")
+    elif cfg.ds.enable_sleep:
         notes.append(f"DeepSpeed sleeps outside its train phase: optimizer states wait in pinned host memory "
                      f"({actor.optimizer:.2f} GiB of RAM per GPU for the actor)")
+    if "ref" in roles and cfg.ref.offload:
+        ref_gib = shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / GIB
+        notes.append(f"ref.offload: the reference's weights wait in pinned host memory outside the experience phase "
+                     f"({ref_gib:.2f} GiB of RAM per GPU)")
     if "reward" in roles and cfg.reward.model_name_or_path and cfg.reward.offload:
         notes.append(f"reward.offload: the reward model's weights wait in host memory outside the reward phase "
                      f"({reward_model_terms(cfg)[0].gib:.2f} GiB of RAM per GPU)")

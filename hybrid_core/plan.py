@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
+from hybrid_core.optimizer_rules import optimizer_lines, optimizer_problems
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -214,7 +215,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
              "placement:"]
     lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
     lines.append(_rollout_line(cfg, placement))
-    lines += _reward_lines(cfg, placement)
+    lines += _reward_lines(cfg, placement) + optimizer_lines(cfg)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
     missing = not_implemented(cfg)
@@ -248,8 +249,8 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib
         gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
-    problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
-        + _reward_model_problems(cfg) + _memory_problems(cfg, gpu_total_gib)
+    problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + optimizer_problems(cfg) \
+        + _missing_inputs(cfg) + _reward_model_problems(cfg) + _memory_problems(cfg, gpu_total_gib)
     num_gpus = make_placement(cfg).num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
@@ -271,18 +272,15 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
 
 
 def _rank_problems(cfg: RunConfig) -> list[str]:
-    """Data-parallel DeepSpeed ranks: one node and ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares would have
-    to run in lockstep). Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py (2026-11-29)."""
-    problems, world = [], cfg.actor_world_size
+    """Data-parallel DeepSpeed ranks on one node. Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py
+    (2026-11-29)."""
+    problems = []
     nodes = {f"{role}.num_nodes": block.num_nodes for role, block in
              (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic), ("reward", cfg.reward))
              if block.num_nodes > 1}
     if nodes:
         problems.append("not implemented yet: ranks on several nodes (" + ", ".join(f"{k} {v}" for k, v in
                         nodes.items()) + "); use num_nodes 1 and num_gpus_per_node for the ranks")
-    if world > 1 and cfg.ds.zero_stage == 3:
-        problems.append(f"not implemented yet: ZeRO-3 with several actor ranks (got {world}); use --ds.zero_stage "
-                        "2, or --actor.num_gpus_per_node 1")
     return problems
 
 

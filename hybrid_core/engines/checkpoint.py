@@ -80,7 +80,11 @@ def remove_checkpoints(ckpt_root: str, steps: list[int]) -> None:
 
 
 def export_hf(engine: DeepSpeedTrainEngine, out_uri: str, tokenizer) -> str:
-    """HF weights (+ tokenizer) to `out_uri`, staged locally for object stores."""
+    """HF weights (+ tokenizer) to `out_uri`, staged locally for object stores, written by rank 0. Under ZeRO-3 every
+    rank calls it: the others only join the gather of the weights."""
+    if engine.rank != 0:
+        engine.save_hf(out_uri)  # writes nothing off rank 0
+        return out_uri
     fs, root = fsspec.core.url_to_fs(out_uri)
     if "file" in fs.protocol:
         engine.save_hf(root, tokenizer)

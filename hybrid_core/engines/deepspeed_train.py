@@ -1,8 +1,9 @@
 """The DeepSpeed train engine: ZeRO-wrapped policy, micro-batched forward/backward/step, sleep, HF export.
 
-Owns the DeepSpeed config (ZeRO stage, dtype, AdamW, clipping, schedule), gradient accumulation to one optimizer
-step per `train.batch_size` samples, and DeepSpeed sleep (optimizer states, grads and fp32 masters to host).
-The loss of a micro-batch comes from the caller (`loss_fn`); this module knows no RL maths, Ray or store.
+Owns the DeepSpeed config (ZeRO stage, dtype, clipping, schedule; the optimizer's part is `optimizer_config`),
+gradient accumulation to one optimizer step per `train.batch_size` samples, no-grad forwards that ZeRO-3 ranks run in
+lockstep, and DeepSpeed sleep (optimizer states, grads and fp32 masters to host, unless `ds.adam_offload` keeps them
+there). The loss of a micro-batch comes from the caller (`loss_fn`); this module knows no RL maths, Ray or store.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConf
 from hybrid_core.engines.frozen_model import attn_implementation_for, batched_logprobs, device_name, load_causal_lm
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.host_offload import OptimizerStateMover, PinnedHostBuffer, state_bytes_per_param
+from hybrid_core.engines.optimizer_config import optimizer_block, zero_block
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600
@@ -32,10 +34,10 @@ def clear_stale_build_locks(extensions_dir: str) -> None:
             lock.unlink(missing_ok=True)
 
 
-def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig, world_size: int = 1) -> dict:
-    """DeepSpeed's config for one rank of `world_size` data-parallel ranks. The accumulation count only satisfies
-    DeepSpeed's batch check: the update loop sets each optimizer step's boundary itself."""
-    adam = optim.adam
+def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig, world_size: int = 1,
+              device: str = "cuda") -> dict:
+    """DeepSpeed's config for one rank of `world_size` data-parallel ranks on `device`. The accumulation count only
+    satisfies DeepSpeed's batch check: the update loop sets each optimizer step's boundary itself."""
     per_step = train.micro_batch_size * world_size
     if train.batch_size % per_step:
         raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size × data-parallel ranks: got "
@@ -45,12 +47,11 @@ def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig, world_si
         "train_batch_size": train.batch_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": train.batch_size // per_step,
-        "gradient_clipping": optim.max_norm,
-        "zero_optimization": {"stage": ds.zero_stage, "overlap_comm": False},
+        "gradient_clipping": optim.max_norm,  # 0: no clipping
+        "zero_optimization": zero_block(optim, ds, device),
         "bf16": {"enabled": ds.param_dtype == "bf16"},
         "fp16": {"enabled": ds.param_dtype == "fp16"},
-        "optimizer": {"type": "AdamW", "params": {"lr": adam.lr, "betas": list(adam.betas), "eps": adam.eps,
-                                                  "weight_decay": adam.weight_decay, "torch_adam": True}},
+        "optimizer": optimizer_block(optim, ds, device),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
@@ -87,8 +88,9 @@ def count_parameters(model_path: str) -> int:
 
 
 def start_sleep_buffer(model_path: str, ds: DsConfig) -> PinnedHostBuffer | None:
-    """With --ds.enable_sleep on a GPU, start allocating the pinned host buffer now, while the model loads."""
-    if not (ds.enable_sleep and device_name() == "cuda"):
+    """With --ds.enable_sleep on a GPU, start allocating the pinned host buffer now, while the model loads (none with
+    --ds.adam_offload: the optimizer's states live in DeepSpeed's host buffers already)."""
+    if not (ds.enable_sleep and device_name() == "cuda") or ds.adam_offload:
         return None
     slack = 64 * 2**20  # alignment of each state, padded partitions, a value head
     return PinnedHostBuffer(count_parameters(model_path) * state_bytes_per_param(ds.param_dtype) + slack)
@@ -120,17 +122,19 @@ class DeepSpeedTrainEngine:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # data-parallel ranks of this role
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=ds_config(optim, ds, train, self.world_size),
+            config=ds_config(optim, ds, train, self.world_size, device_name()),
             lr_scheduler=make_scheduler_factory(optim, total_optimizer_steps))
         self.micro_batch_size, self.pad_id = train.micro_batch_size, pad_id
         self.is_zero3, self.can_sleep = ds.zero_stage == 3, ds.enable_sleep and device_name() == "cuda"
+        self.is_optimizer_on_host = ds.adam_offload
         if ds.enable_sleep and not self.can_sleep:
             log.info("ds.enable_sleep: training on CPU keeps every state in host memory already")
         self.state_mover = self._state_mover(sleep_buffer)
 
     def _state_mover(self, sleep_buffer: PinnedHostBuffer | None) -> OptimizerStateMover | None:
-        """Our pinned-buffer mover for ZeRO-1/2; other stages use DeepSpeed's `offload_states`."""
-        if not self.can_sleep:
+        """Our pinned-buffer mover for ZeRO-1/2; other stages use DeepSpeed's `offload_states`; none when
+        ds.adam_offload keeps the optimizer on the host."""
+        if not self.can_sleep or self.is_optimizer_on_host:
             return None
         optimizer = self.engine.optimizer
         if sleep_buffer is None or not hasattr(optimizer, "single_partition_of_fp32_groups"):
@@ -143,9 +147,19 @@ class DeepSpeedTrainEngine:
     def module(self) -> torch.nn.Module:
         return self.engine.module
 
+    def forward_count(self, own: int) -> int:
+        """How many no-grad forwards this rank runs for its `own` micro-batches: under ZeRO-3 with several ranks the
+        most any rank has (each forward gathers the partitioned weights from every rank, so all run as many; one
+        all-reduce), else its own."""
+        if not (self.is_zero3 and self.world_size > 1):
+            return own
+        count = torch.tensor([own], dtype=torch.long, device=device_name())
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
+
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         self.engine.eval()
-        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, batching)
+        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, batching, self.forward_count)
 
     def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]],
                           is_boundary: bool) -> dict:
@@ -172,9 +186,21 @@ class DeepSpeedTrainEngine:
         Returns the bytes moved (0 when nothing moved or DeepSpeed's own path did)."""
         if self.state_mover is not None:
             return self.state_mover.sleep()
-        if self.can_sleep:
+        if self.can_sleep and self.is_optimizer_on_host:
+            self._sleep_beside_host_optimizer()
+        elif self.can_sleep:
             self.engine.offload_states()
         return 0
+
+    def _sleep_beside_host_optimizer(self) -> None:
+        """ds.adam_offload: the fp32 masters, Adam's moments and the step live on the host already, so nothing is
+        copied. What training left on the GPU is ZeRO-3's gradient bucket (dropped; `wake_up` allocates it again)
+        and PyTorch's cached blocks, which go back to the driver for the rollout engine."""
+        if self.is_zero3:
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+            self.engine.offload_states(include=[OffloadStateTypeEnum.contiguous_grad_buffer])
+        torch.cuda.empty_cache()
 
     def wake_up(self) -> int:
         if self.state_mover is not None:
@@ -184,9 +210,12 @@ class DeepSpeedTrainEngine:
         return 0
 
     def save_hf(self, out_dir: str, tokenizer=None) -> None:
-        """Write HF weights (gathered under ZeRO-3) to `out_dir`."""
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        """Write HF weights to `out_dir` from rank 0. Under ZeRO-3 every rank must call it: the weights are gathered
+        from all ranks, layer by layer, and the other ranks write nothing."""
         state = self.engine._zero3_consolidated_16bit_state_dict() if self.is_zero3 else self.module.state_dict()
+        if self.rank != 0:
+            return
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)

@@ -1,16 +1,20 @@
 """A frozen causal LM for log-prob forwards (the reference policy), and the HF loading both sides share.
 
 Owns model/tokenizer loading from a local directory, the device and the attention kernel each layout loads with,
-this process's CUDA memory peaks (for the stage metrics), and no-grad micro-batched response logprobs. It knows
-nothing about training, Ray or where sequences come from.
+this process's CUDA memory peaks (for the stage metrics), and no-grad micro-batched response logprobs, with the
+weights in host memory between forwards when asked. It knows nothing about training, Ray or where sequences come
+from.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hybrid_core.engines.frozen_offload import HostResidentWeights
 from hybrid_core.engines.liger_kernels import apply_fast_kernels
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
@@ -78,25 +82,41 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching) -> list[list[float]]:
-    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists."""
-    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching)
+def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                     agree_on_count=None) -> list[list[float]]:
+    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists (`agree_on_count`: see
+    `batched_response_forward`)."""
+    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching,
+                                    agree_on_count)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrozenModelSettings:
+    model_path: str
+    param_dtype: str
+    batching: MicroBatching  # the advantage stage's no-grad forwards
+    use_liger: bool | None   # see `load_causal_lm`
+    is_offloaded: bool       # ref.offload: weights in host memory outside the forwards (`frozen_offload`)
 
 
 class FrozenModel:
     """The reference policy: loaded once, never trained; only answers logprob forwards."""
 
-    def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False,
-                 use_liger: bool | None = None):
-        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed), use_liger)
-        self.model = model.to(device_name()).eval()
-        self.model.requires_grad_(False)
-        self.pad_id = pad_id
+    def __init__(self, settings: FrozenModelSettings, pad_id: int):
+        model = load_causal_lm(settings.model_path, settings.param_dtype,
+                               attn_implementation_for(settings.batching.is_packed), settings.use_liger)
+        model = model.eval().requires_grad_(False)
+        self.weights = HostResidentWeights(model, device_name()) if settings.is_offloaded else None
+        self.model = model if settings.is_offloaded else model.to(device_name())
+        self.pad_id, self.batching = pad_id, settings.batching
 
-    def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
-        """Response logprobs; on a GPU the forward's cached blocks go back to the driver afterwards, since the
-        rollout engine (another process) needs that memory next."""
-        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching)
+    def logprobs(self, prompt_ids, response_ids) -> list[list[float]]:
+        """Response logprobs; on a GPU the forward's cached blocks (and offloaded weights) go back to the driver
+        afterwards, since the rollout engine (another process) needs that memory next."""
+        if not prompt_ids:  # an empty share: nothing to bring to the device for
+            return []
+        with self.weights.on_device() if self.weights else contextlib.nullcontext(self.model) as model:
+            result = batched_logprobs(model, prompt_ids, response_ids, self.pad_id, self.batching)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return result

@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import MicroBatching, make_sequence_batch, pad, split_micro_batches
+from hybrid_core.engines.sequence_batch import (MicroBatching, make_sequence_batch, model_inputs, pad,
+                                                placeholder_batch, split_micro_batches)
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
@@ -63,10 +64,19 @@ def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batchin
     return cuts[rank] + [[] for _ in range(most - len(cuts[rank]))]
 
 
-def _no_samples_loss(model) -> tuple[torch.Tensor, dict]:
-    """An empty micro-batch's loss: zero, yet touching every trainable parameter, so each gets its (zero) gradient
-    and DeepSpeed's gradient reduction runs as on the other ranks."""
-    return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0, {}
+def _no_samples_loss(engine: DeepSpeedTrainEngine, is_packed: bool) -> Callable:
+    """An empty micro-batch's loss: zero, from a forward of the one-token placeholder sample. The forward gathers
+    ZeRO-3's partitioned weights as the other ranks' forwards do, and every parameter a forward uses gets its (zero)
+    gradient, so DeepSpeed's gradient reduction runs as on the other ranks."""
+    device = next(engine.module.parameters()).device
+    batch = placeholder_batch(engine.pad_id, is_packed).to(device)
+
+    def loss_fn(model) -> tuple[torch.Tensor, dict]:
+        out = model(**model_inputs(batch))
+        values = out if isinstance(out, torch.Tensor) else out.logits  # a value model's values, a policy's logits
+        return values.float().sum() * 0.0, {}
+
+    return loss_fn
 
 
 def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], plan: BatchPlan,
@@ -92,7 +102,7 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
             for m, indices in enumerate(micro_batches):
                 is_boundary = m == len(micro_batches) - 1
                 if not indices:
-                    last |= engine.train_micro_batch(_no_samples_loss, is_boundary)
+                    last |= engine.train_micro_batch(_no_samples_loss(engine, plan.batching.is_packed), is_boundary)
                     continue
                 sequence_share = sum(lengths[i][1] > 0 for i in indices) / num_sequences
                 share = MicroBatchShare(indices, num_tokens, sequence_share, plan.batching.is_packed)

@@ -8,11 +8,12 @@ attention mask keeps, and `reward.normalize_enable` maps it to (reward − mean)
 `std` (0 and 1 when absent). transformers' `*ForSequenceClassification` checkpoints (num_labels 1) have this layout.
 `reward.offload`: OpenRLHF asks DeepSpeed for ZeRO-3 parameter offload (`get_eval_ds_config(offload=True)`; it does
 nothing below ZeRO-3); this project's frozen models are not DeepSpeed engines, so the weights wait in host memory
-and visit the GPU for the reward stage's forwards only (on CPU there is nothing to move). It knows nothing about Ray,
-the store or where the samples came from.
+and visit the GPU for the reward stage's forwards only (`frozen_offload`, as the reference's with `--ref.offload`).
+It knows nothing about Ray, the store or where the samples came from.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from hybrid_core.engines.frozen_model import attn_implementation_for, device_name
+from hybrid_core.engines.frozen_offload import HostResidentWeights
 from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, model_inputs,
                                                 split_micro_batches)
 from hybrid_core.engines.value_model import ValueModel, load_value_model
@@ -97,25 +99,25 @@ class RewardModel:
         model = load_value_model(settings.model_path, settings.param_dtype, prefix,
                                  attn_implementation_for(settings.batching.is_packed))
         getattr(model, prefix).weight.data.copy_(read_head_weight(settings.model_path, prefix).reshape(1, -1))
-        self.model = model.eval().requires_grad_(False)
-        self.model.to("cpu" if settings.is_offloaded else device_name())
+        model = model.eval().requires_grad_(False)
+        self.weights = HostResidentWeights(model, device_name()) if settings.is_offloaded else None
+        self.model = model if settings.is_offloaded else model.to(device_name())
         config = json.loads((Path(settings.model_path) / "config.json").read_text())
         self.mean, self.std = float(config.get("mean", 0.0)), float(config.get("std", 1.0))
 
     def score(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[RewardScore]:
         """Every sample's reward, micro-batched by the settings' batching; sample order is kept."""
-        if self.settings.is_offloaded:
-            self.model.to(device_name())
+        if not prompt_ids:  # an empty share: nothing to bring to the GPU for
+            return []
         lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
-        device = next(self.model.parameters()).device
         raw: list[float] = []
-        with torch.no_grad():
+        with self.weights.on_device() if self.weights else contextlib.nullcontext(self.model) as model, \
+                torch.no_grad():
+            device = next(model.parameters()).device
             for indices in split_micro_batches(list(range(len(prompt_ids))), lengths, self.settings.batching):
                 batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices],
                                             PAD_ID, self.settings.batching.is_packed)
-                raw += sample_rewards(self.model, batch.to(device)).cpu().tolist()
-        if self.settings.is_offloaded:
-            self.model.to("cpu")
+                raw += sample_rewards(model, batch.to(device)).cpu().tolist()
         if torch.cuda.is_available():  # the rollout engine and the trainers (other processes) need the memory next
             torch.cuda.empty_cache()
         return [RewardScore(reward=self.normalized(x), raw=x) for x in raw]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from itertools import accumulate
+from typing import Callable
 
 import torch
 
@@ -175,16 +176,31 @@ def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
     return out
 
 
-def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_id: int,
-                             batching: MicroBatching) -> list[list[float]]:
+def placeholder_batch(pad_id: int, is_packed: bool) -> SequenceBatch:
+    """One sample of one prompt and one response token (the pad id): the forward a ZeRO-3 rank runs where its share
+    of the samples is short. ZeRO-3 gathers the partitioned parameters inside every forward, from every rank, so a
+    rank that skipped one would leave its peers waiting."""
+    return make_sequence_batch([[pad_id]], [[pad_id]], pad_id, is_packed)
+
+
+def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                             agree_on_count: Callable[[int], int] | None = None) -> list[list[float]]:
     """Ragged per-sample results of `per_token_fn(model, batch) -> (B, T)` over every response, micro-batched by
-    `batching`, without gradients (response logprobs of a policy, values of a critic). Sample order is kept."""
+    `batching`, without gradients (response logprobs of a policy, values of a critic). Sample order is kept.
+
+    `agree_on_count` maps this rank's number of micro-batches to the number every rank runs (ZeRO-3 ranks run the
+    same number of forwards); the missing ones are placeholder forwards whose results are dropped.
+    """
     device = next(model.parameters()).device
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    micro_batches = split_micro_batches(list(range(len(prompt_ids))), lengths, batching)
+    num_forwards = agree_on_count(len(micro_batches)) if agree_on_count is not None else len(micro_batches)
     out: list[list[float]] = []
     with torch.no_grad():
-        for indices in split_micro_batches(list(range(len(prompt_ids))), lengths, batching):
+        for indices in micro_batches:
             batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], pad_id,
                                         batching.is_packed).to(device)
             out.extend(unpad(per_token_fn(model, batch).float().cpu(), batch.response_mask.cpu()))
+        for _ in range(num_forwards - len(micro_batches)):
+            per_token_fn(model, placeholder_batch(pad_id, batching.is_packed).to(device))
     return out

@@ -51,6 +51,9 @@ def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     return values.float().flatten()[batch.response_index] * batch.response_mask
 
 
-def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching):
-    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients."""
-    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching)
+def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                   agree_on_count=None):
+    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients
+    (`agree_on_count`: see `batched_response_forward`)."""
+    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching,
+                                    agree_on_count)

@@ -102,6 +102,16 @@ def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = Fa
             yield Bucket(tuple(entries), torch.cat(chunks, out=out) if out is not None else torch.cat(chunks))
 
 
+def join_bucket_gathers(module: torch.nn.Module, bucket_bytes: int) -> int:
+    """A ZeRO-3 rank that sends nothing: take part in the gather of each bucket `iter_buckets` makes on the sending
+    rank (the same buckets in the same order: gathers are collectives), packing nothing; returns the bucket count."""
+    groups = list(_group_by_budget(list(module.named_parameters()), bucket_bytes))
+    for group in groups:
+        with _gathered([p for _, p in group], True):
+            pass
+    return len(groups)
+
+
 def unflatten(bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
     """Views into `bucket.flat`, one per parameter, in HF names."""
     out = []

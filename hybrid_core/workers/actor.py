@@ -28,6 +28,7 @@ from hybrid_core.engines.experience_maker import OLD_FROM_UPDATE, make_advantage
 from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.weight_sync import join_bucket_gathers
 from hybrid_core.step_contract import ADVANTAGE, METRICS, ROLLOUT, SYNC, TRAIN, derive_seed, generating_version
 from hybrid_core.types import MetricsRow, RunRef, StageResult
 from hybrid_core.workers import rank_group
@@ -242,11 +243,18 @@ class ActorWorker:
         if self.args.sync_transport == "cuda_ipc" and len(rollouts) > 1:  # rank r's GPU holds engine r
             peer_calls = [(rank, peer.push_weights.remote(rank)) for rank, peer in enumerate(self._peers(), start=1)]
             sent = rank_group.with_peers("actor", peer_calls, lambda: self.push_weights(0), timeout)
-        else:
-            sent = self.sender.send(self.engine.module, self.engine.is_zero3, rollouts)
+        else:  # rank 0 sends; under ZeRO-3 the other ranks join the gather of each bucket
+            peers = self._peers() if self.engine.is_zero3 else []
+            peer_calls = rank_group.started_on_peers(peers, "join_weight_gathers")
+            sent = rank_group.with_peers("actor", peer_calls, lambda: self.sender.send(
+                self.engine.module, self.engine.is_zero3, rollouts), timeout)
         ended = [(r, e.end_weight_update.remote(version)) for r, e in enumerate(rollouts)]
         self.policy_version = min(rank_group.gather("rollout", ended, timeout))
         return sent
+
+    def join_weight_gathers(self) -> int:
+        """Ranks 1..n-1 under ZeRO-3, called by rank 0's sync: gather each bucket beside rank 0, which sends it."""
+        return join_bucket_gathers(self.engine.module, self.args.sync_bucket_bytes)
 
     def push_weights(self, engine_rank: int) -> int:
         """This rank's weights to the engine on its GPU (CUDA IPC); returns the bytes sent."""
@@ -285,14 +293,16 @@ class ActorWorker:
 
     def save_share(self, step: int) -> str:
         """Ranks 1..n-1, called by rank 0's checkpoint save: this rank's part of the DeepSpeed checkpoint."""
-        return save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, {"step": step})
+        return self._save(step, {"step": step})
 
     def save_own(self, step: int) -> str:
         """Rank 0's part of a checkpoint: the client state resume needs, with the DeepSpeed state."""
-        state = {"step": step, "policy_version": self.policy_version, "kl_coef": self.kl_controller.coef,
-                 "rng": rng_state()}
-        uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, state)
-        if self.args.save_hf:
+        return self._save(step, {"step": step, "policy_version": self.policy_version,
+                                 "kl_coef": self.kl_controller.coef, "rng": rng_state()})
+
+    def _save(self, step: int, client_state: dict) -> str:
+        uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, client_state)
+        if self.args.save_hf:  # on every rank: ZeRO-3 gathers the weights from all of them, rank 0 writes
             export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
         return uri
 
@@ -323,6 +333,13 @@ class ActorWorker:
         return self.engine.logprobs(prompt_ids, response_ids, self.args.experience_batching)
 
     def save_model(self, out_uri: str) -> str:
+        """The run's final HF export, written by rank 0 while the other ranks join ZeRO-3's gather."""
+        peer_calls = rank_group.started_on_peers(self._peers(), "export_share", out_uri)
+        return rank_group.with_peers("actor", peer_calls, lambda: export_hf(self.engine, out_uri, self.tokenizer),
+                                     self.run.stage_timeout_s)
+
+    def export_share(self, out_uri: str) -> str:
+        """Ranks 1..n-1, called by rank 0's `save_model`."""
         return export_hf(self.engine, out_uri, self.tokenizer)
 
 

@@ -72,7 +72,7 @@ class CriticWorker:
     def values(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         self.engine.engine.eval()
         return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
-                              self.args.forward_batching)
+                              self.args.forward_batching, self.engine.forward_count)
 
     def train(self, step: int) -> dict:
         """The critic's update of step `step` (called by the actor's rank 0, which leads the step's training);

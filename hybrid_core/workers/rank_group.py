@@ -2,9 +2,9 @@
 
 Rank 0 leads: it starts the same method on ranks 1..n-1 (they wait idle for it, so nothing deadlocks), does its own
 share, and waits for theirs; collectives inside DeepSpeed keep the ranks' updates together. No-grad forwards (and
-rollout engines' prompts) are split into contiguous shares, one per rank, computed at the same time. Owns the
-shares, the fan-out and the one way a peer's failure is reported: `RankFailure`, naming the role and rank. It knows
-nothing about what the methods compute or about Prefect.
+rollout engines' prompts) are split into contiguous shares, one per rank, computed at the same time; every rank is
+called for a forward, an empty share included. Owns the shares, the fan-out and the one way a peer's failure is
+reported: `RankFailure`, naming the role and rank. It knows nothing about what the methods compute or about Prefect.
 """
 from __future__ import annotations
 
@@ -84,11 +84,11 @@ def gather(role: str, pending: Sequence[tuple[int, object]], timeout_s: float, d
 def sharded_rows(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
                  timeout_s: float, local: Callable | None = None) -> list:
     """One result per row, computed in shares: `local` (this process, the first share) while every remote
-    `(rank, call)` (returning an object ref) computes one of the following shares; an empty share calls nothing."""
+    `(rank, call)` (returning an object ref) computes one of the following shares. Every rank is called, an empty
+    share included: ZeRO-3 ranks gather the weights inside each forward, so each must join its peers' forwards."""
     deadline = _deadline(timeout_s)
     calls = ([(0, local)] if local is not None else []) + list(remote)
-    shares = [(rank, call, a, b) for (rank, call), (a, b) in zip(calls, share_bounds(len(prompt_ids), len(calls)))
-              if b > a]
+    shares = [(rank, call, a, b) for (rank, call), (a, b) in zip(calls, share_bounds(len(prompt_ids), len(calls)))]
     pending = [(rank, call(prompt_ids[a:b], response_ids[a:b])) for rank, call, a, b in shares if call is not local]
     own = shares[0] if shares and shares[0][1] is local else None
     rows = list(local(prompt_ids[own[2]:own[3]], response_ids[own[2]:own[3]])) if own else []

@@ -11,6 +11,7 @@ from hybrid_core.config import RunConfig, changed_fields
 from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
+from hybrid_core.engines.frozen_model import FrozenModelSettings
 from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
@@ -52,6 +53,13 @@ def reward_model_settings(cfg: RunConfig) -> RewardModelSettings:
     return RewardModelSettings(model_path=cfg.reward.model_name_or_path, param_dtype=cfg.ds.param_dtype,
                                value_head_prefix=cfg.ds.value_head_prefix, is_normalized=cfg.reward.normalize_enable,
                                is_offloaded=cfg.reward.offload, batching=forward_batching(cfg))
+
+
+def ref_settings(cfg: RunConfig) -> FrozenModelSettings:
+    """The reference's replicas: the policy's initial weights, frozen, in the run's dtype."""
+    return FrozenModelSettings(model_path=cfg.actor.model_name_or_path, param_dtype=cfg.ds.param_dtype,
+                               batching=forward_batching(cfg), use_liger=cfg.ds.use_liger_kernel or None,
+                               is_offloaded=cfg.ref.offload)
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:

@@ -1,6 +1,8 @@
 """How rank 0 splits the rows of a no-grad forward among a role's ranks (no Ray started: local shares only)."""
 from __future__ import annotations
 
+import pytest
+
 from hybrid_core.workers.rank_group import share_bounds, sharded_rows
 
 
@@ -11,7 +13,7 @@ def test_shares_are_contiguous_and_as_equal_as_can_be():
     assert share_bounds(0, 2) == [(0, 0), (0, 0)]
 
 
-def test_only_the_local_share_runs_here_and_empty_shares_call_nothing():
+def test_only_the_local_share_runs_here_and_empty_shares_are_still_called():
     seen = []
 
     def local(prompts, responses):
@@ -21,9 +23,17 @@ def test_only_the_local_share_runs_here_and_empty_shares_call_nothing():
     prompts, responses = [[1], [2, 3], [4, 5, 6]], [[7], [8], [9, 9]]
     assert sharded_rows(prompts, responses, "actor", [], 1.0, local=local) == [2, 3, 5]
     assert seen == [(prompts, responses)]
-    # one row for two ranks: the remote rank's share is empty, so it is never called
-    never = lambda p, r: (_ for _ in ()).throw(AssertionError("called with an empty share"))  # noqa: E731
-    assert sharded_rows(prompts[:1], responses[:1], "actor", [(1, never)], 1.0, local=local) == [2]
+    # one row for two ranks: the remote rank's share is empty, and it is called all the same (a ZeRO-3 rank must
+    # join its peers' forwards); the call stops here before anything waits on Ray
+    called = []
+
+    def remote(p, r):
+        called.append((p, r))
+        raise StopIteration
+
+    with pytest.raises(StopIteration):
+        sharded_rows(prompts[:1], responses[:1], "actor", [(1, remote)], 1.0, local=local)
+    assert called == [([], [])]
 
 
 def test_a_failing_rank_is_named_and_its_cause_kept():

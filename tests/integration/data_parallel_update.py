@@ -1,9 +1,14 @@
 """Policy updates with DeepSpeed on CPU, run by `torchrun` at 1 or 2 ranks (test_data_parallel_updates.py): one
-update for each layout named on the command line, each from freshly loaded weights.
+update for each layout named on the command line, each from freshly loaded weights. A layout is
+`<ZeRO stage>-<padded|packed>[-offload][-muon]`: `offload` keeps the optimizer on the host (`ds.adam_offload`),
+`muon` trains with DeepSpeed's Muon (lr 0.02, no clipping) instead of AdamW.
 
 Every rank gets the same 8 samples and seed; rank 0 writes the update (parameter deltas) and the returned statistics
 to the output file. Adam's eps is so large that its first step is lr·g/(|g| + eps) ≈ the gradient itself, so the
-deltas of two runs compare like their gradients (Adam near eps → 0 would turn tiny gradients into ±lr).
+deltas of two runs compare like their gradients (Adam near eps → 0 would turn tiny gradients into ±lr). Under
+ZeRO-3 the ranks first take the samples' logprobs in uneven shares (rank 0 one sample, rank 1 seven: one forward
+against four), which only complete when the ranks run their forwards in lockstep. A Muon layout also writes the
+step's exact gradients, from the same update replayed in plain PyTorch.
 """
 from __future__ import annotations
 
@@ -34,7 +39,44 @@ def full_parameters(module: torch.nn.Module, is_zero3: bool) -> dict[str, torch.
         return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
+class GradientRecorder:
+    """DeepSpeedTrainEngine's train surface in plain PyTorch (one rank): backward every micro-batch, never step, so
+    the parameters' `.grad` end up holding the optimizer step's gradient."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.pad_id, self.rank, self.world_size = module, 0, 0, 1
+
+    def train_micro_batch(self, loss_fn, is_boundary: bool) -> dict:
+        loss, stats = loss_fn(self.module)
+        loss.backward()
+        return stats
+
+
+def step_gradients(model_dir: str, actor, ds, plan) -> dict[str, torch.Tensor]:
+    from hybrid_core.algorithms.experience import ActorLossSettings
+    from hybrid_core.engines.actor_trainer import fit_actor
+    from hybrid_core.engines.deepspeed_train import load_policy
+
+    torch.manual_seed(0)
+    recorder = GradientRecorder(load_policy(model_dir, actor, ds))
+    fit_actor(recorder, samples(), ActorLossSettings(kl_coef=0.0), plan)
+    return {n: p.grad.detach().clone() for n, p in recorder.module.named_parameters()}
+
+
+def uneven_share_logprobs(engine, batching) -> list[list[float]] | None:
+    """Every sample's logprobs, rank 0 taking the first sample and rank 1 the other seven (one rank: all eight);
+    rank 0 returns them in sample order."""
+    import torch.distributed as dist
+
+    data, bounds = samples(), [(0, 1), (1, 8)] if engine.world_size == 2 else [(0, 8)]
+    start, end = bounds[engine.rank]
+    own = engine.logprobs(data.prompt_ids[start:end], data.response_ids[start:end], batching)
+    parts: list = [None] * engine.world_size
+    dist.all_gather_object(parts, own)
+    return [row for part in parts for row in part] if engine.rank == 0 else None
+
+
+def update(model_dir: str, out_path: str, zero_stage: int, packed: bool, options: list[str]) -> None:
     from hybrid_core.algorithms.experience import ActorLossSettings
     from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
     from hybrid_core.engines.actor_trainer import fit_actor
@@ -43,30 +85,47 @@ def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None
     from hybrid_core.engines.sequence_batch import MicroBatching
 
     torch.manual_seed(0)
-    actor = ActorConfig(model_name_or_path=model_dir, lr_scheduler="constant",
-                        adam={"lr": 1e3, "eps": 1e3, "betas": (0.9, 0.95)})
-    ds = DsConfig(zero_stage=zero_stage, param_dtype="fp32", packing_samples=packed)
+    is_muon = "muon" in options
+    actor = ActorConfig(model_name_or_path=model_dir, lr_scheduler="constant", optim="muon" if is_muon else "adam",
+                        adam={"lr": 1e3, "eps": 1e3, "betas": (0.9, 0.95)}, max_norm=0.0 if is_muon else 1.0)
+    ds = DsConfig(zero_stage=zero_stage, param_dtype="fp32", packing_samples=packed, adam_offload="offload" in options)
     train = TrainConfig(batch_size=8, micro_batch_size=2, device="cpu", dynamic_batch_enable=packed,
                         max_tokens_per_gpu=16)
     engine = DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
     before = full_parameters(engine.module, zero_stage == 3)
     batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed)
+    logprobs = uneven_share_logprobs(engine, batching) if zero_stage == 3 else None
     plan = BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3)
     stats = fit_actor(engine, samples(), ActorLossSettings(kl_coef=0.0), plan)
     after = full_parameters(engine.module, zero_stage == 3)
-    if engine.rank == 0:
-        deltas = {n: after[n] - before[n] for n in before}
-        torch.save({"deltas": deltas, "stats": stats, "world_size": engine.world_size}, out_path)
+    if engine.rank != 0:
+        return
+    result = {"deltas": {n: after[n] - before[n] for n in before}, "stats": stats, "world_size": engine.world_size,
+              "logprobs": logprobs, "optimizer": type(engine.engine.basic_optimizer).__name__,
+              "is_offloaded": engine.engine.zero_cpu_offload(), "state_devices": optimizer_state_devices(engine)}
+    if is_muon:
+        result |= {"gradients": step_gradients(model_dir, actor, ds, plan), "muon": actor.muon.model_dump(),
+                   "uses_muon": {n: bool(p.use_muon) for n, p in engine.module.named_parameters()}}
+    torch.save(result, out_path)
+
+
+def optimizer_state_devices(engine) -> list[str]:
+    """The devices of the fp32 master partitions and the optimizer's state tensors (one name each)."""
+    optimizer = engine.engine.optimizer
+    masters = getattr(optimizer, "single_partition_of_fp32_groups", None) or getattr(
+        optimizer, "fp32_partitioned_groups_flat", [])
+    states = [t for state in optimizer.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    return sorted({t.device.type for t in [*masters, *states]})
 
 
 def main(model_dir: str, out_dir: str, layouts: list[str]) -> None:
-    """One update per layout ("<zero stage>-<padded|packed>"), one engine after another in this process: rank 0
-    writes `<out_dir>/<layout>.pt`."""
+    """One update per layout (see the module docstring), one engine after another in this process: rank 0 writes
+    `<out_dir>/<layout>.pt`."""
     import torch.distributed as dist
 
     for layout in layouts:
-        zero_stage, batching = layout.split("-")
-        update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed")
+        zero_stage, batching, *options = layout.split("-")
+        update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed", options)
     dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
     dist.destroy_process_group()
 

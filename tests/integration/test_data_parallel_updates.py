@@ -1,7 +1,9 @@
 """Data parallelism of the update loop with real DeepSpeed on CPU (gloo): two ranks that each train on their share
 of every optimizer step make the same update as one rank training on all of it — the loss stays one token mean over
-the whole step, DeepSpeed's average over ranks is undone, and a rank left with fewer micro-batches runs empty ones
-so both step together."""
+the whole step, DeepSpeed's average over ranks is undone, and a rank left with fewer micro-batches runs placeholder
+ones so both step together (under ZeRO-3 too, where every forward gathers the weights from both ranks). One rank also
+checks the memory options: the optimizer on the host (`ds.adam_offload`) makes the device step's update, and Muon's
+update of each hidden matrix is its orthogonalised momentum."""
 from __future__ import annotations
 
 import os
@@ -18,35 +20,99 @@ pytestmark = pytest.mark.integration
 WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
 
 
-LAYOUTS = ["2-padded", "2-packed", "3-padded"]  # ZeRO stage, then how the micro-batches are laid out
+# ZeRO stage, how the micro-batches are laid out, then options (see data_parallel_update.py). Packed under a 16-token
+# budget the ranks' shares make different numbers of micro-batches.
+LAYOUTS = ["2-padded", "2-packed", "3-padded", "3-packed"]
+ONE_RANK_LAYOUTS = ["2-padded-offload", "2-padded-muon"]
 
 
-def run_updates(out_dir, tiny_model, world_size: int) -> dict[str, dict]:
+def run_updates(out_dir, tiny_model, world_size: int, layouts: list[str]) -> dict[str, dict]:
     """Every layout's update at `world_size` ranks, from one `torchrun` (its processes pay their imports once)."""
     out_dir.mkdir()
     env = os.environ | {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
                         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world_size), "--master_port",
-           str(free_port()), str(WORKER), str(tiny_model), str(out_dir), *LAYOUTS]
+           str(free_port()), str(WORKER), str(tiny_model), str(out_dir), *layouts]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
-    return {layout: torch.load(out_dir / f"{layout}.pt") for layout in LAYOUTS}
+    return {layout: torch.load(out_dir / f"{layout}.pt") for layout in layouts}
 
 
 @pytest.fixture(scope="module")
 def updates(tmp_path_factory, tiny_model) -> dict[int, dict[str, dict]]:
     root = tmp_path_factory.mktemp("updates")
-    return {world_size: run_updates(root / str(world_size), tiny_model, world_size) for world_size in (1, 2)}
+    return {world_size: run_updates(root / str(world_size), tiny_model, world_size,
+                                    LAYOUTS + (ONE_RANK_LAYOUTS if world_size == 1 else []))
+            for world_size in (1, 2)}
+
+
+def assert_same_update(got: dict, expected: dict) -> None:
+    largest = max(d.abs().max().item() for d in expected["deltas"].values())
+    assert largest > 1e-3  # the update moved the weights
+    assert got["deltas"].keys() == expected["deltas"].keys()
+    for name, delta in expected["deltas"].items():
+        torch.testing.assert_close(got["deltas"][name], delta, rtol=0, atol=1e-5 * largest, msg=name)
+    assert got["stats"].keys() == expected["stats"].keys()
+    for key, value in expected["stats"].items():
+        assert got["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_two_ranks_make_the_update_of_one(updates, layout):
     one, two = updates[1][layout], updates[2][layout]
     assert (one["world_size"], two["world_size"]) == (1, 2)
-    largest = max(d.abs().max().item() for d in one["deltas"].values())
-    assert largest > 1e-3  # the update moved the weights
-    for name, delta in one["deltas"].items():
-        torch.testing.assert_close(two["deltas"][name], delta, rtol=0, atol=1e-5 * largest, msg=name)
-    assert two["stats"].keys() == one["stats"].keys()
-    for key, value in one["stats"].items():
-        assert two["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert_same_update(two, one)
+
+
+@pytest.mark.parametrize("layout", ["3-padded", "3-packed"])
+def test_zero3_ranks_take_uneven_shares_of_the_forwards_in_lockstep(updates, layout):
+    """One sample on rank 0 and seven on rank 1 (one forward against four): the logprobs of the one-rank forward."""
+    one, two = updates[1][layout]["logprobs"], updates[2][layout]["logprobs"]
+    assert [len(row) for row in one] == [3, 5, 8, 2, 6, 4, 7, 1]
+    assert [len(row) for row in two] == [len(row) for row in one]
+    for got, expected in zip(two, one):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_the_optimizer_on_the_host_makes_the_device_steps_update(updates):
+    on_host, on_device = updates[1]["2-padded-offload"], updates[1]["2-padded"]
+    assert on_host["is_offloaded"] and not on_device["is_offloaded"]  # DeepSpeed's ZeRO-Offload is on
+    assert on_host["optimizer"] == on_device["optimizer"] == "AdamW"  # torch's AdamW on a CPU run (no op to build)
+    assert on_host["state_devices"] == ["cpu"]  # fp32 masters and Adam moments
+    assert_same_update(on_host, on_device)
+
+
+def newton_schulz(update: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """Muon's orthogonalisation written out in fp64: the quintic Newton–Schulz iteration (a, b, c) = (3.4445, −4.7750,
+    2.0315) on the update scaled to unit Frobenius norm, run on its wide orientation, then scaled by
+    sqrt(max(1, rows / cols)) (Keller Jordan's Muon, as DeepSpeed applies it)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    rows, cols = update.shape
+    x = update.double().T if rows > cols else update.double()
+    x = x / (x.norm() + 1e-7)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if rows > cols else x) * max(1.0, rows / cols) ** 0.5
+
+
+def test_muon_steps_each_hidden_matrix_by_its_orthogonalised_momentum(updates):
+    """Step 1 from zero momentum: Nesterov's update is (1 − β²)·G, which the normalisation cancels, so each hidden
+    matrix moves by −lr · NS(G); the embeddings, the head and the norms take the auxiliary Adam's first step,
+    −lr · G / (|G| + eps)."""
+    from deepspeed.runtime.zero.muon.original_muon import ns_compute_dtype
+
+    muon = updates[1]["2-padded-muon"]
+    assert muon["optimizer"] == "MuonWithAuxAdam"
+    lr, gradients, uses_muon = muon["muon"]["lr"], muon["gradients"], muon["uses_muon"]
+    matrices = [n for n, is_muon in uses_muon.items() if is_muon]
+    assert matrices and all(".layers." in n and n.endswith("proj.weight") for n in matrices)
+    assert {n for n, is_muon in uses_muon.items() if not is_muon} >= {"model.embed_tokens.weight", "lm_head.weight"}
+    # DeepSpeed runs the iteration in fp16 where the processor has it (CPUs with AVX512-FP16 do), else in fp32
+    tolerance = 2e-2 if ns_compute_dtype("gram") == torch.float16 else 1e-4
+    for name in matrices:
+        expected = -lr * newton_schulz(gradients[name]).float()
+        torch.testing.assert_close(muon["deltas"][name], expected, rtol=0, atol=tolerance * lr, msg=name)
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
+        g = gradients[name]
+        torch.testing.assert_close(muon["deltas"][name], -1e3 * g / (g.abs() + 1e3), rtol=1e-4, atol=1e-7, msg=name)

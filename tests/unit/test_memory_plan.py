@@ -4,8 +4,8 @@ import json
 import pytest
 
 from hybrid_core.config import RunConfig
-from hybrid_core.memory_plan import (GIB, ModelShape, estimate_memory, fit_summary, model_shape, render_memory,
-                                     trainer_bytes)
+from hybrid_core.memory_plan import (GIB, ModelShape, estimate_memory, fit_summary, model_shape,
+                                     optimizer_bytes_per_param, render_memory, trainer_bytes)
 
 H200_GIB = 139.8
 
@@ -75,6 +75,29 @@ def test_adam_offload_keeps_the_optimizer_off_the_gpu():
     train = terms(plan.phases[2])
     assert "actor optimizer states" not in train and "actor optimizer step" not in train
     assert train["actor gradients"] == pytest.approx(3.2048206329, rel=0, abs=1e-9)
+
+
+def test_adam_offload_says_where_the_states_live():
+    plan = estimate_memory(config(world=4, ds={"adam_offload": True, "enable_sleep": True}), H200_GIB)
+    # 1,720,574,976 parameters / 4 ranks · 12 bytes (fp32 master + two moments) = 4.8072 GiB of host memory per GPU
+    assert ("ds.adam_offload: the actor's fp32 master weights and Adam moments live and step in host memory "
+            "(4.81 GiB of RAM per GPU); DeepSpeed's sleep moves none of them") in plan.notes
+    assert not any(note.startswith("DeepSpeed sleeps") for note in plan.notes)
+
+
+def test_muon_keeps_one_momentum_buffer_for_each_hidden_matrix():
+    # Qwen3-1.7B's hidden matrices: per layer q, k, v, o 12,582,912 and the MLP 37,748,736 = 50,331,648 (the layer's
+    # 50,336,000 less its four norms), × 28 = 1,409,286,144. Adam keeps two fp32 moments, Muon one: 4 bytes fewer
+    # per matrix parameter. World 4: (12 · 1,720,574,976 − 4 · 1,409,286,144) / 4 bytes = 3.4947 GiB
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    assert shape.matrix_params == 1_409_286_144
+    muon = trainer_bytes(config(world=4, actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "optim": "muon",
+                                                "num_gpus_per_node": 4}), shape, has_logits=True)
+    assert muon.optimizer == pytest.approx(3.4947309494, rel=0, abs=1e-9)
+    assert optimizer_bytes_per_param(RunConfig().actor, shape, "fp32") == 8  # no master copy in fp32
+    critic = config(world=4, critic={"optim": "muon"})
+    assert trainer_bytes(critic, shape, has_logits=False).optimizer == pytest.approx(3.4947309494, rel=0, abs=1e-9)
+    assert trainer_bytes(critic, shape, has_logits=True).optimizer == pytest.approx(4.8072309494, rel=0, abs=1e-9)
 
 
 def test_activations_and_logits_by_hand():
@@ -168,6 +191,22 @@ def test_reference_and_critic_are_counted_where_they_live():
     critic_train = terms(plan.phases[3])
     assert critic_train["critic optimizer states"] == pytest.approx(19.2289237976, rel=0, abs=1e-9)
     assert "critic logits" not in critic_train and "actor optimizer states" not in critic_train
+
+
+def test_the_reference_is_whole_on_every_rank_and_offloaded_outside_its_forwards():
+    """The reference is a plain PyTorch replica per GPU: ZeRO-3 does not divide it. With ref.offload its weights
+    are on the GPU in the experience phase only."""
+    blocks = dict(algo={"advantage": {"estimator": "reinforce"}, "kl": {"init_coef": 0.01}}, ds={"zero_stage": 3},
+                  vllm={"num_engines": 4, "enable_sleep": True})
+    plan = estimate_memory(config(world=4, **blocks), H200_GIB)
+    assert terms(plan.phases[0])["ref weights"] == pytest.approx(3.2048206329, rel=0, abs=1e-9)
+    assert terms(plan.phases[0])["actor weights"] == pytest.approx(3.2048206329 / 4, rel=0, abs=1e-9)
+    offloaded = estimate_memory(config(world=4, ref={"num_gpus_per_node": 4, "offload": True}, **blocks), H200_GIB)
+    held = {phase.name: terms(phase).get("ref weights") for phase in offloaded.phases}
+    assert held == {"rollout": None, "experience": pytest.approx(3.2048206329, rel=0, abs=1e-9), "train": None}
+    assert plan.phases[2].total_gib - offloaded.phases[2].total_gib == pytest.approx(3.2048206329, rel=0, abs=1e-9)
+    assert ("ref.offload: the reference's weights wait in pinned host memory outside the experience phase "
+            "(3.20 GiB of RAM per GPU)") in offloaded.notes
 
 
 def test_does_not_fit_names_the_largest_term():

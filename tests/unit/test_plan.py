@@ -274,3 +274,52 @@ def test_separate_groups_get_bundles_of_their_own_and_a_process_group_sync():
     assert role_bundles(gloo) == (3, {"actor": (0, 0.333), "ref": (1, 0.333), "rollout": (2, 0.333)})
     assert sync_transport(gloo) == "process_group:gloo"
     assert not [p for p in preflight_problems(gloo, 0) if "separate" in p]
+
+
+def test_muon_with_the_optimizer_on_the_host_is_refused_naming_both_and_the_fix():
+    gpu = ["--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+           "--train.colocate_all", "--rollout.n_samples_per_prompt", "2", *INPUT_FLAGS]
+    assert not_implemented(parse_cli([*gpu, "--actor.optim", "muon", "--actor.muon.lr", "0.01"])) == []
+    problems = preflight_problems(parse_cli([*gpu, "--actor.optim", "muon", "--ds.adam_offload"]), num_gpus_found=1)
+    assert ("actor.optim muon cannot be combined with ds.adam_offload: DeepSpeed's Muon orthogonalises each weight "
+            "matrix's update on the GPU, and the seed drops CPU Adam with Muon; drop --ds.adam_offload, or train the "
+            "actor with --actor.optim adam") in problems
+    gae = [*gpu, "--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1"]
+    critic = preflight_problems(parse_cli([*gae, "--critic.optim", "muon", "--ds.adam_offload"]), num_gpus_found=1)
+    assert [p for p in critic if "muon" in p] == [
+        "critic.optim muon cannot be combined with ds.adam_offload: DeepSpeed's Muon orthogonalises each weight "
+        "matrix's update on the GPU, and the seed drops CPU Adam with Muon; drop --ds.adam_offload, or train the "
+        "critic with --critic.optim adam"]
+    # DeepSpeed's Muon always runs 5 Newton–Schulz steps with Nesterov momentum: other values are not honoured
+    assert not_implemented(parse_cli([*gpu, "--actor.optim", "muon", "--actor.muon.ns_steps", "3"])) == [
+        "--actor.muon.ns_steps (set to 3)"]
+
+
+def test_the_optimizer_on_the_host_needs_zero_and_a_compiler_on_gpus(monkeypatch):
+    gpu = ["--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+           "--train.colocate_all", "--rollout.n_samples_per_prompt", "2", "--ds.adam_offload", *INPUT_FLAGS]
+    monkeypatch.setenv("CXX", "/bin/true")  # any executable: only its presence is checked
+    assert preflight_problems(parse_cli(gpu), num_gpus_found=1) == []
+    assert preflight_problems(parse_cli([*gpu, "--ds.zero_stage", "0"]), num_gpus_found=1) == [
+        "ds.adam_offload needs ZeRO stage 1, 2 or 3 (ZeRO-Offload moves the partitioned optimizer to the host): got "
+        "ds.zero_stage 0; pass --ds.zero_stage 2, or drop --ds.adam_offload"]
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    assert preflight_problems(parse_cli(gpu), num_gpus_found=1) == [
+        "ds.adam_offload on GPUs steps with DeepSpeed's CPU Adam, a C++ op built on first use: no C++ compiler "
+        "('no-such-compiler', from $CXX or PATH) here; install g++ (and ninja), or drop --ds.adam_offload"]
+    assert preflight_problems(parse_cli([*gpu, "--train.device", "cpu"]), num_gpus_found=0) == []  # torch's AdamW
+
+
+def test_the_plan_says_where_each_optimizer_lives():
+    base = ["--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1", "--vllm.num_engines", "1",
+            "--train.colocate_all", "--algo.advantage.estimator", "gae", "--critic.num_gpus_per_node", "1",
+            *INPUT_FLAGS]
+    assert not any(line.startswith("optimizer") for line in render_plan(parse_cli(base)).splitlines())
+    lines = render_plan(parse_cli([*base, "--actor.optim", "muon", "--actor.muon.lr", "0.01"])).splitlines()
+    assert [line for line in lines if line.startswith("optimizer")] == [
+        "optimizer (actor): DeepSpeed's Muon, lr 0.01, momentum 0.95 (2-D hidden weights) + Adam, lr 1e-06 "
+        "(embeddings, head, norms); states on the device",
+        "optimizer (critic): AdamW, lr 9e-06; states on the device"]
+    offload = render_plan(parse_cli([*base, "--ds.adam_offload"])).splitlines()
+    assert "optimizer (actor): AdamW, lr 1e-06; states and step on the host (ds.adam_offload: DeepSpeed's CPU Adam)" \
+        in offload

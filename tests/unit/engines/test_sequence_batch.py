@@ -251,3 +251,30 @@ def test_a_micro_batch_of_empty_responses_backpropagates_zero(tiny_model, is_pac
     tiny_model.zero_grad()
     assert logprobs.shape == (2, 1) and float(logprobs.detach().abs().sum()) == 0.0
     assert grads and all(float(g.abs().sum()) == 0.0 for g in grads)
+
+
+@pytest.mark.parametrize("is_packed", [False, True])
+def test_ranks_in_lockstep_run_placeholder_forwards_after_their_own(tiny_model, is_packed):
+    """A ZeRO-3 rank with fewer micro-batches than its peers runs one-token placeholder forwards until it ran as many
+    (`agree_on_count` says how many); its results are those of its own samples alone."""
+    from hybrid_core.engines.frozen_model import batched_logprobs
+
+    prompts, responses = _random_samples(PROMPT_LENGTHS, RESPONSE_LENGTHS, seed=5)
+    batching = MicroBatching(num_samples=3, is_packed=is_packed)
+    seen: list[tuple[int, ...]] = []
+    hook = tiny_model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                                with_kwargs=True)
+    try:
+        own = batched_logprobs(tiny_model, prompts, responses, 0, batching)
+        num_own = len(seen)
+        agreed: list[int] = []
+        lockstep = batched_logprobs(tiny_model, prompts, responses, 0, batching,
+                                    agree_on_count=lambda count: agreed.append(count) or count + 2)
+        empty = batched_logprobs(tiny_model, [], [], 0, batching, agree_on_count=lambda count: 3)
+    finally:
+        hook.remove()
+    assert num_own == -(-len(prompts) // 3) and agreed == [num_own]
+    placeholder = (1, 2)  # one row of one prompt and one response token, padded or packed
+    assert seen[num_own:] == seen[:num_own] + [placeholder] * 2 + [placeholder] * 3
+    torch.testing.assert_close(pad(lockstep, 7), pad(own, 7), rtol=0, atol=0)
+    assert empty == []

@@ -131,7 +131,8 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
 
 def optimizer_bytes_per_param(block: OptimizerFields, shape: ModelShape, param_dtype: str) -> float:
     """Resident optimizer bytes per parameter: the fp32 master copy of 16-bit weights, and Adam's two fp32 moments;
-    with Muon one fp32 momentum buffer for the 2-D hidden matrices (`matrix_params`), Adam's two for the rest."""
+    with Muon 4 bytes of momentum for the 2-D hidden matrices (`matrix_params`: one fp32 buffer, or at ZeRO-1/2 one in
+    the gradients' dtype beside DeepSpeed's staging copy), Adam's two moments for the rest."""
     master = 0 if param_dtype == "fp32" else 4
     if block.optim != "muon":
         return master + 8

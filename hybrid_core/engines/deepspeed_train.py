@@ -87,13 +87,15 @@ def count_parameters(model_path: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def start_sleep_buffer(model_path: str, ds: DsConfig) -> PinnedHostBuffer | None:
-    """With --ds.enable_sleep on a GPU, start allocating the pinned host buffer now, while the model loads (none with
-    --ds.adam_offload: the optimizer's states live in DeepSpeed's host buffers already)."""
+def start_sleep_buffer(model_path: str, ds: DsConfig, world_size: int = 1) -> PinnedHostBuffer | None:
+    """With --ds.enable_sleep on a GPU, start allocating the pinned host buffer now, while the model loads: room for
+    this rank's partition of the optimizer states among `world_size` ranks (none with --ds.adam_offload: the states
+    live in DeepSpeed's host buffers already)."""
     if not (ds.enable_sleep and device_name() == "cuda") or ds.adam_offload:
         return None
     slack = 64 * 2**20  # alignment of each state, padded partitions, a value head
-    return PinnedHostBuffer(count_parameters(model_path) * state_bytes_per_param(ds.param_dtype) + slack)
+    partition = math.ceil(count_parameters(model_path) / (world_size if ds.zero_stage >= 1 else 1))
+    return PinnedHostBuffer(partition * state_bytes_per_param(ds.param_dtype) + slack)
 
 
 def use_gloo_all_reduce_on_cpu() -> None:
@@ -132,12 +134,13 @@ class DeepSpeedTrainEngine:
         self.state_mover = self._state_mover(sleep_buffer)
 
     def _state_mover(self, sleep_buffer: PinnedHostBuffer | None) -> OptimizerStateMover | None:
-        """Our pinned-buffer mover for ZeRO-1/2; other stages use DeepSpeed's `offload_states`; none when
+        """Our pinned-buffer mover for the ZeRO optimizers; stage 0 uses DeepSpeed's `offload_states`; none when
         ds.adam_offload keeps the optimizer on the host."""
         if not self.can_sleep or self.is_optimizer_on_host:
             return None
         optimizer = self.engine.optimizer
-        if sleep_buffer is None or not hasattr(optimizer, "single_partition_of_fp32_groups"):
+        is_zero = hasattr(optimizer, "single_partition_of_fp32_groups") or self.is_zero3
+        if sleep_buffer is None or not is_zero:
             log.warning("ds.enable_sleep: ZeRO stage %s uses DeepSpeed's offload_states (pinned memory is allocated "
                         "on its first call)", self.engine.zero_optimization_stage())
             return None
@@ -185,7 +188,10 @@ class DeepSpeedTrainEngine:
         """Optimizer states, grads and fp32 masters to host; the bf16 weights stay for logprob forwards.
         Returns the bytes moved (0 when nothing moved or DeepSpeed's own path did)."""
         if self.state_mover is not None:
-            return self.state_mover.sleep()
+            moved = self.state_mover.sleep()
+            if self.is_zero3:  # its gradient partitions and reduce bucket: DeepSpeed moves those itself
+                self.engine.offload_states(include=self._zero3_gradient_states())
+            return moved
         if self.can_sleep and self.is_optimizer_on_host:
             self._sleep_beside_host_optimizer()
         elif self.can_sleep:
@@ -196,14 +202,20 @@ class DeepSpeedTrainEngine:
         """ds.adam_offload: the fp32 masters, Adam's moments and the step live on the host already, so nothing is
         copied. What training left on the GPU is ZeRO-3's gradient bucket (dropped; `wake_up` allocates it again)
         and PyTorch's cached blocks, which go back to the driver for the rollout engine."""
-        if self.is_zero3:
-            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
-
-            self.engine.offload_states(include=[OffloadStateTypeEnum.contiguous_grad_buffer])
+        if self.is_zero3:  # its gradient partitions are on the host too (DeepSpeed leaves them out)
+            self.engine.offload_states(include=self._zero3_gradient_states())
         torch.cuda.empty_cache()
+
+    @staticmethod
+    def _zero3_gradient_states() -> list:
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+        return [OffloadStateTypeEnum.lp_grads, OffloadStateTypeEnum.contiguous_grad_buffer]
 
     def wake_up(self) -> int:
         if self.state_mover is not None:
+            if self.is_zero3 and self.engine.optimizer.offloaded_states:
+                self.engine.reload_states()
             return self.state_mover.wake_up()
         if self.can_sleep and getattr(self.engine.optimizer, "offloaded_states", True):
             self.engine.reload_states()

@@ -4,7 +4,8 @@ Owns one page-locked host buffer per train engine, allocated once when the worke
 overlapped with model loading), and the moves: sleep copies every state into that buffer and frees the GPU copies;
 wake allocates one GPU block, copies the whole buffer back in one transfer and points the states at views of it.
 DeepSpeed's own `offload_states` allocates pinned memory on its first call (17–23 s for 20 GB on an H200) and per
-tensor afterwards; this avoids both. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.
+tensor afterwards, and under ZeRO-3 it refuses a torch optimizer (it moves only its FusedAdam's states); this avoids
+all three. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.
 """
 from __future__ import annotations
 
@@ -67,8 +68,15 @@ class _Slot:
     shape: torch.Size
 
 
+def fp32_partitions(zero_optimizer) -> list[torch.Tensor]:
+    """A ZeRO optimizer's fp32 master partitions: one flat tensor per parameter group (ZeRO-1/2) or per sub-group
+    (ZeRO-3); the wrapped torch optimizer steps these very tensors."""
+    partitions = getattr(zero_optimizer, "single_partition_of_fp32_groups", None)
+    return partitions if partitions is not None else zero_optimizer.fp32_partitioned_groups_flat
+
+
 class OptimizerStateMover:
-    """Moves a ZeRO-1/2 optimizer's fp32 master partitions and Adam states between the GPU and pinned host memory.
+    """Moves a ZeRO optimizer's fp32 master partitions and Adam states between the GPU and pinned host memory.
 
     `sleep` keeps the layout; `wake_up` restores each state as a view of one GPU block, and the next `sleep` moves
     that block back in one copy. DeepSpeed's fp32↔bf16 fragment links are cleared before and rebuilt after, as its
@@ -81,7 +89,7 @@ class OptimizerStateMover:
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
-        hp = self.opt.single_partition_of_fp32_groups
+        hp = fp32_partitions(self.opt)
 
         def add(getter, setter):
             nonlocal offset
@@ -116,9 +124,9 @@ class OptimizerStateMover:
         for grads in getattr(self.opt, "offload_gradient_dict", {}).values():
             if grads is not None:
                 grads.clear()
-        for partition in self.opt.single_partition_of_fp32_groups:
+        for partition in fp32_partitions(self.opt):
             partition.grad = None
-        for group in self.opt.bit16_groups:
+        for group in getattr(self.opt, "bit16_groups", []):  # ZeRO-1/2's fragment maps; ZeRO-3 keeps none
             for param in group:
                 mapping = getattr(param, "_hp_mapping", None)
                 if mapping is not None:

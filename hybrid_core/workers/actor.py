@@ -89,7 +89,7 @@ class ActorWorker:
         self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
         self.ledger = StepLedger(self.store, FaultPoints(args.faults, self.store.log_event))
         self.tokenizer = load_tokenizer(args.model_path)
-        sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
+        sleep_buffer = start_sleep_buffer(args.model_path, args.ds, self._num_ranks("actor"))  # while it loads
         self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
                                            args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id,
                                            sleep_buffer)

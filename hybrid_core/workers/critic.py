@@ -41,7 +41,7 @@ class CriticWorker:
         clear_stale_build_locks(args.extensions_dir)
         self.run, self.args, self.store, self.rank = run, args, RolloutStore(run.run_dir), rank
         pad_id = load_tokenizer(args.model_path).pad_token_id
-        sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
+        sleep_buffer = start_sleep_buffer(args.model_path, args.ds, args.num_ranks)  # pinned while the model loads
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
                                  attn_implementation_for(args.ds.packing_samples),
                                  args.ds.use_liger_kernel or None)

@@ -1,15 +1,20 @@
 """Two data-parallel ranks of every role (actor, reference replicas, vLLM engines and the gae critic) on CPU against
 the shared one-rank run of the same micro configuration: `rl-train` through real Ray, Prefect, vLLM's CPU build and
-DeepSpeed (gloo). Per-prompt seeds make the two engines generate what the one did; the ranks' sharded forwards and
-data-parallel updates must then give the one rank's logprobs, values, advantages and training figures."""
+DeepSpeed (gloo). The two-rank run partitions the weights (ZeRO-3: every forward, sync and export gathers them from
+both ranks) and keeps the reference's weights in host memory (`--ref.offload`), while the one-rank run uses ZeRO-2.
+Per-prompt seeds make the two engines generate what the one did; the ranks' sharded forwards and data-parallel
+updates must then give the one rank's logprobs, values, advantages and training figures."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from tests.conftest import REPO_ROOT
 from tests.integration.conftest import GAE_FLAGS, read_metrics, read_stage, run_micro
 
 pytestmark = pytest.mark.integration
 TWO_RANKS = ("--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2")
+ZERO3_OFFLOADED_REF = ("--ds.zero_stage", "3", "--ref.offload", "--ckpt.save_steps", "2", "--ckpt.save_hf")
 TRAIN_FIGURES = ("actor/policy_loss", "actor/kl", "actor/grad_norm", "advantage/mean", "advantage/std",
                  "reward/mean")
 
@@ -25,7 +30,7 @@ def two_rank_gae_run(tmp_path_factory, shared_run):
     run_dir))."""
     _, one = shared_run("gae", *GAE_FLAGS)
     two = run_micro(tmp_path_factory.mktemp("dp-runs"), "gae-two", *GAE_FLAGS, *TWO_RANKS,
-                    "--critic.num_gpus_per_node", "2")
+                    "--critic.num_gpus_per_node", "2", *ZERO3_OFFLOADED_REF)
     return one, two
 
 
@@ -35,6 +40,7 @@ def test_two_ranks_train_like_one(two_rank_gae_run):
     another order may flip a near-zero one: its logprobs agree to 5e-3 and figures to 1%."""
     one, (cfg, two) = two_rank_gae_run
     assert cfg.actor_world_size == 2 and cfg.vllm.num_engines == 2 and "critic" in cfg.roles
+    assert cfg.ds.zero_stage == 3 and cfg.ref.offload
     for step, (logprob_atol, figure_rel) in zip((1, 2), ((1e-5, 1e-4), (5e-3, 1e-2))):
         rollout_one, rollout_two = read_stage(one, step, "rollout"), read_stage(two, step, "rollout")
         assert by_sample(rollout_two, "response_ids") == by_sample(rollout_one, "response_ids"), step
@@ -57,3 +63,22 @@ def test_two_critic_ranks_train_like_one(two_rank_gae_run):
     metrics_one, metrics_two = read_metrics(one, 1), read_metrics(two, 1)
     for name in ("critic/value_loss", "critic/grad_norm", *TRAIN_FIGURES):
         assert metrics_two[name] == pytest.approx(metrics_one[name], rel=1e-4, abs=1e-7), name
+
+
+def test_zero3_ranks_export_the_whole_model(two_rank_gae_run):
+    """The checkpoint's HF export and the run's final one are gathered from both ranks: every tensor whole, the two
+    exports equal (both hold step 2's weights), and within a few Adam steps (±lr each) of the one-rank run's."""
+    from safetensors.torch import load_file
+
+    one, (cfg, two) = two_rank_gae_run
+    final, at_step_2 = load_file(f"{two}/model/model.safetensors"), load_file(f"{two}/ckpt/global_step2_hf/"
+                                                                             "model.safetensors")
+    one_rank, initial = load_file(f"{one}/model/model.safetensors"), load_file(f"{REPO_ROOT}/data/tiny-qwen3/"
+                                                                             "model.safetensors")
+    assert final.keys() == at_step_2.keys() == one_rank.keys() == initial.keys()
+    lr = cfg.actor.adam.lr
+    for name, weight in final.items():
+        assert weight.shape == initial[name].shape, name
+        torch.testing.assert_close(at_step_2[name], weight, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(weight, one_rank[name], rtol=0, atol=4 * lr, msg=name)
+    assert any(not torch.equal(final[name], initial[name]) for name in final)  # it trained

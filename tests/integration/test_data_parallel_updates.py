@@ -116,3 +116,8 @@ def test_muon_steps_each_hidden_matrix_by_its_orthogonalised_momentum(updates):
     for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"):
         g = gradients[name]
         torch.testing.assert_close(muon["deltas"][name], -1e3 * g / (g.abs() + 1e3), rtol=1e-4, atol=1e-7, msg=name)
+    # DeepSpeed's gradient norm (and so its clipping, --actor.max_norm) is taken after Newton–Schulz: the norm of the
+    # orthogonalised updates and the auxiliary gradients (22.1 here, where max_norm 1.0 would shrink Muon's step 22×)
+    norm = sum(float((newton_schulz(g) ** 2).sum()) if uses_muon[n] else float((g ** 2).sum())
+               for n, g in gradients.items()) ** 0.5
+    assert muon["stats"]["grad_norm"] == pytest.approx(norm, rel=5e-3)

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
-from hybrid_core.model_shapes import ModelShape, model_shape  # noqa: F401  (ModelShape: read by the plan's users)
+from hybrid_core.model_shapes import ModelShape, model_shape
 
 GIB = 2**30
 PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -26,5 +26,6 @@ done
 BYTES=$(du -cb "$OUT_DIR"/*.whl | tail -1 | cut -f1)
 # a device call carries at most 64 MiB: a payload part (≤ 50 MiB) + the repository (~2 MiB) + these
 LIMIT=$((10 * 1024 * 1024))
-[ "$BYTES" -le "$LIMIT" ] || { echo "fetch_wheels: $BYTES bytes is over $LIMIT: split them like the payload" >&2; exit 1; }
+[ "$BYTES" -le "$LIMIT" ] \
+  || { echo "fetch_wheels: $BYTES bytes is over $LIMIT: split them like the payload" >&2; exit 1; }
 echo "peer wheels: $(ls "$OUT_DIR" | wc -l) files, $BYTES bytes ($((BYTES / 1024)) KiB) in $OUT_DIR"

@@ -29,7 +29,8 @@ LIMIT_S=${PEER_TIMEOUT_S:-540}
 SHA=${GIT_SHA:-unknown}
 mkdir -p "$OUT_DIR"
 
-source benchmarks/gpu_env.sh || { echo "[peers] no payload: send its parts to /tmp/vparts first (../shared/gpu/README.md §2)"; exit 4; }
+source benchmarks/gpu_env.sh \
+  || { echo "[peers] no payload: send its parts to /tmp/vparts first (../shared/gpu/README.md §2)"; exit 4; }
 if [ ! -f /tmp/peersite/.installed ]; then
   ls .peerwheels/*.whl > /dev/null 2>&1 \
     || { echo "[peers] no .peerwheels here: run benchmarks/peers/fetch_wheels.sh and carry .peerwheels"; exit 5; }

@@ -46,16 +46,33 @@ def record_steps(results, walls: dict[int, float], stages: dict[int, dict[str, f
 
 def open_results(out: Path, *, peer: str, how: str, model_dir: Path, shape, git_sha: str, packages: tuple[str, ...]):
     """A run_all.Results for `peer`, its meta saying how the peer ran (`how`), with which packages and shape."""
-    from run_all import Results, model_shape, versions
+    from run_all import Results, model_shape
 
-    found = versions()
-    for name in packages:
-        found[name] = package_version(name)
     meta = {"peer": peer, "how": how, "git_sha": git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
-            "versions": found, "model": str(model_dir), "shape": model_shape(model_dir),
+            "versions": installed_versions(packages), "model": str(model_dir), "shape": model_shape(model_dir),
             "iteration_shape": {key: str(value) if isinstance(value, Path) else value
                                 for key, value in asdict(shape).items()}}
     return Results(out, meta)
+
+
+def installed_versions(packages: tuple[str, ...]) -> dict:
+    """run_all.versions()'s fields plus `packages`, read from the installed distributions and nvidia-smi: no
+    import of vLLM or DeepSpeed and no CUDA context in a wrapper process (time and GPU memory the peer would lose)."""
+    import platform
+    import subprocess
+
+    import torch
+
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    found |= {name: package_version(name) for name in ("vllm", "deepspeed", "transformers", *packages)}
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        name, total_mib = gpu.rsplit(",", 1)
+        found["gpu"], found["gpu_total_gib"] = name.strip(), round(int(total_mib) / 1024, 2)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        found["gpu"] = None  # no NVIDIA GPU here
+    return found
 
 
 def package_version(name: str) -> str | None:

@@ -26,7 +26,8 @@ ITERATION_YAML = REPO_ROOT / "benchmarks" / "configs" / "h200-iteration.yaml"
 
 def test_the_shape_is_our_iteration_benchmarks():
     shape = read_iteration_shape()
-    assert (shape.prompts_per_step, shape.samples_per_prompt, shape.max_new_tokens, shape.max_len) == (32, 8, 1024, 1152)
+    assert (shape.prompts_per_step, shape.samples_per_prompt) == (32, 8)
+    assert (shape.max_new_tokens, shape.max_len) == (1024, 1152)
     assert (shape.train_batch_size, shape.micro_batch_size, shape.gradient_accumulation_steps) == (256, 8, 32)
     assert (shape.max_tokens_per_gpu, shape.num_steps, shape.seed, shape.lr) == (16384, 3, 42, 1e-6)
     assert (shape.kl_coef, shape.kl_estimator, shape.advantage_estimator) == (0.001, "k2", "reinforce_baseline")
@@ -216,3 +217,16 @@ def test_openrlhf_environment_puts_the_flash_attn_standin_first():
     assert env["PYTHONPATH"] == f"{openrlhf_ppo.STANDIN_DIR}:/tmp/peersite:/tmp/site"
     assert (env["TORCH_CUDA_ARCH_LIST"], env["HOME"]) == ("9.0", "/root")
     assert (openrlhf_ppo.STANDIN_DIR / "flash_attn" / "bert_padding.py").is_file()
+
+
+def test_results_meta_says_how_the_peer_ran_and_at_what_shape(tmp_path):
+    from step_figures import open_results
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 2048, "num_hidden_layers": 28}))
+    open_results(tmp_path / "r.json", peer="trl", how="one process", model_dir=tmp_path,
+                 shape=read_iteration_shape(), git_sha="abc", packages=("datasets",))
+    meta = json.loads((tmp_path / "r.json").read_text())["meta"]
+    assert (meta["peer"], meta["how"], meta["git_sha"], meta["shape"]["num_hidden_layers"]) == (
+        "trl", "one process", "abc", 28)
+    assert meta["iteration_shape"]["reward_file"] == str(REPO_ROOT / "data" / "letters_reward.py")
+    assert meta["versions"]["datasets"] == "5.2.0" and "gpu" in meta["versions"]

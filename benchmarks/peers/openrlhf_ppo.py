@@ -111,10 +111,11 @@ class StepLog:
 
 def child_env(base: dict[str, str], torch_extensions_dir: Path) -> dict[str, str]:
     """The environment of OpenRLHF's driver (and so of its Ray workers): the flash_attn stand-in first on the path,
-    DeepSpeed's JIT arch and cache, unbuffered UTF-8 output."""
+    DeepSpeed's JIT arch and cache, unbuffered UTF-8 output, offline hubs."""
     path = os.pathsep.join(p for p in (str(STANDIN_DIR), base.get("PYTHONPATH", "")) if p)
     return base | {"PYTHONPATH": path, "TORCH_CUDA_ARCH_LIST": "9.0", "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir),
                    "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8", "RAY_AUTH_MODE": "disabled",
+                   "RAY_DEDUP_LOGS": "0",  # every step line reaches the driver as it is logged
                    "RAY_USAGE_STATS_ENABLED": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0", "VLLM_NO_USAGE_STATS": "1",
                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}

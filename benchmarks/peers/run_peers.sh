@@ -9,8 +9,8 @@
 #
 # Set-up, each step skipped when already done on this machine: the payload (benchmarks/gpu_env.sh, from the parts in
 # /tmp/vparts), the peer wheels from .peerwheels (benchmarks/peers/fetch_wheels.sh; carry .peerwheels) into
-# /tmp/peersite, the Qwen3-1.7B stand-in in MODEL_DIR (default /tmp/m17; ~25 s to build).
-# Environment: GIT_SHA (recorded), MODEL_DIR, PEER_TIMEOUT_S (default 540: each system is cut off there, keeping the
+# PEER_SITE (default /tmp/peersite), the Qwen3-1.7B stand-in in MODEL_DIR (default /tmp/m17; ~25 s to build).
+# Environment: GIT_SHA (recorded), MODEL_DIR, PEER_TIMEOUT_S (default 530: each system is cut off there, keeping the
 # steps it finished). One system a device command (each takes 5–7 minutes; the device allows 10), back to back:
 #   payload part 0 (carry .vchunks0): mkdir -p /tmp/vparts && cp .vchunks0/* /tmp/vparts/ &&
 #                                     python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B /tmp/m17 --device cuda
@@ -25,29 +25,30 @@ TAG=${1:?usage: run_peers.sh TAG [hybrid] [trl] [openrlhf]}
 shift
 OUT_DIR=${OUT:-/tmp/peers-out}
 MODEL_DIR=${MODEL_DIR:-/tmp/m17}
-LIMIT_S=${PEER_TIMEOUT_S:-540}
+LIMIT_S=${PEER_TIMEOUT_S:-530}
 SHA=${GIT_SHA:-unknown}
+PEER_SITE=${PEER_SITE:-/tmp/peersite}
 mkdir -p "$OUT_DIR"
 
 source benchmarks/gpu_env.sh \
   || { echo "[peers] no payload: send its parts to /tmp/vparts first (../shared/gpu/README.md §2)"; exit 4; }
-if [ ! -f /tmp/peersite/.installed ]; then
+if [ ! -f "$PEER_SITE/.installed" ]; then
   ls .peerwheels/*.whl > /dev/null 2>&1 \
     || { echo "[peers] no .peerwheels here: run benchmarks/peers/fetch_wheels.sh and carry .peerwheels"; exit 5; }
   WHEELS=$(ls .peerwheels/*.whl | grep -v '/accelerate-')
   # TRL 1.16 needs accelerate >= 1.10.1: carry ours only where the image's is older (one version of each on the path)
   python3 -c "import accelerate, sys; from packaging.version import Version as V; \
 sys.exit(V(accelerate.__version__) < V('1.10.1'))" 2>/dev/null || WHEELS="$WHEELS $(ls .peerwheels/accelerate-*.whl)"
-  mkdir -p /tmp/peersite && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --target /tmp/peersite $WHEELS || { echo "[peers] peer wheel install failed"; exit 5; }
-  rm -rf /tmp/peersite/tests  # openrlhf's wheel ships a top-level `tests` package
-  touch /tmp/peersite/.installed
+  mkdir -p "$PEER_SITE" && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$PEER_SITE" $WHEELS || { echo "[peers] peer wheel install failed"; exit 5; }
+  rm -rf "$PEER_SITE/tests"  # openrlhf's wheel ships a top-level `tests` package
+  touch "$PEER_SITE/.installed"
 fi
 if [ ! -f "$MODEL_DIR/config.json" ]; then
   python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B "$MODEL_DIR" --device cuda \
     || { echo "[peers] stand-in build failed"; exit 6; }
 fi
-echo "[peers] ready: payload, $(ls -d /tmp/peersite/*.dist-info | wc -l) peer wheels in /tmp/peersite, model $MODEL_DIR"
+echo "[peers] ready: payload, $(ls -d "$PEER_SITE"/*.dist-info | wc -l) peer wheels in $PEER_SITE, model $MODEL_DIR"
 
 summary() {  # the figures, so the command's output shows them even if its files do not come back
   python3 - "$1" <<'EOF'
@@ -71,11 +72,11 @@ for SYSTEM in "$@"; do
       CODE=$?
       cp "$WORK/iteration.log" "$STEM-run.log" 2>/dev/null ;;
     trl)
-      PYTHONPATH=/tmp/peersite:$PYTHONPATH timeout -k 15 "$LIMIT_S" python3 benchmarks/peers/trl_grpo.py \
+      PYTHONPATH=$PEER_SITE:$PYTHONPATH timeout -k 15 "$LIMIT_S" python3 benchmarks/peers/trl_grpo.py \
         --model "$MODEL_DIR" --out "$STEM.json" --git-sha "$SHA" > "$STEM.log" 2>&1
       CODE=$? ;;
     openrlhf)  # the wrapper kills OpenRLHF's process group at LIMIT_S; `timeout` only backs it up
-      PYTHONPATH=/tmp/peersite:$PYTHONPATH timeout -k 15 $((LIMIT_S + 40)) python3 benchmarks/peers/openrlhf_ppo.py \
+      PYTHONPATH=$PEER_SITE:$PYTHONPATH timeout -k 15 $((LIMIT_S + 40)) python3 benchmarks/peers/openrlhf_ppo.py \
         --model "$MODEL_DIR" --out "$STEM.json" --log "$STEM.log" --timeout-s "$LIMIT_S" --git-sha "$SHA" \
         > "$STEM-wrapper.log" 2>&1
       CODE=$? ;;

@@ -12,6 +12,7 @@ from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.reward_model import RewardModelSettings
+from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan import make_placement, sync_transport
@@ -84,6 +85,11 @@ def forward_batching(cfg: RunConfig) -> MicroBatching:
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples)
+
+
+def ring_settings(cfg: RunConfig) -> RingSettings:
+    """Ring attention of the reference's ranks (the DeepSpeed roles read it from `ds`)."""
+    return RingSettings(size=cfg.ds.ring_attn_size, head_stride=cfg.ds.ring_attn_head_stride)
 
 
 def engine_settings(cfg: RunConfig) -> EngineSettings:

@@ -229,8 +229,8 @@ def train_tokens(cfg: RunConfig) -> int:
 
     With a budget a sample longer than it still forms a micro-batch of its own, so data.max_len bounds it too.
     """
-    if cfg.train.dynamic_batch_enable:
-        return max(cfg.train.max_tokens_per_gpu, cfg.data.max_len)
+    if cfg.train.dynamic_batch_enable:  # the budget is a GPU's: a ring's ranks share a micro-batch
+        return max(cfg.train.max_tokens_per_gpu * cfg.ds.ring_attn_size, cfg.data.max_len)
     return cfg.train.micro_batch_size * cfg.data.max_len
 
 
@@ -240,8 +240,7 @@ def ring_tokens(tokens: int, cfg: RunConfig) -> int:
 
 
 def ring_kv_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, is_checkpointed: bool) -> int:
-    """The ring's all-gathered keys and values autograd keeps per layer (the row's: ring size × a rank's `tokens`;
-    one layer's with gradient checkpointing)."""
+    """All-gathered keys and values a ring keeps per layer for the backward (one layer's with checkpointing)."""
     size, kv_width = cfg.ds.ring_attn_size, shape.num_key_value_heads * shape.head_dim
     per_layer = size * tokens * 2 * kv_width * PARAM_BYTES[cfg.ds.param_dtype] if size > 1 else 0
     return per_layer * (1 if is_checkpointed else shape.num_hidden_layers)
@@ -250,7 +249,8 @@ def ring_kv_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, is_checkpointe
 def forward_tokens_of(cfg: RunConfig) -> int:
     """Tokens of the largest no-grad logprob micro-batch (advantage stage), as `train_tokens` for the forwards."""
     if cfg.train.dynamic_batch_enable:
-        return max(cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu, cfg.data.max_len)
+        return max((cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size,
+                   cfg.data.max_len)
     return cfg.rollout.micro_batch_size * cfg.data.max_len
 
 

@@ -128,3 +128,13 @@ def test_a_ring_divides_activations_and_logits_and_adds_the_gathered_keys():
     assert ring.activations == pytest.approx(6.125 / 2 + gathered, rel=0, abs=1e-9)
     assert ring.logits == pytest.approx(1024 * 151936 * 18 / GIB, rel=0, abs=1e-9)
     assert ring.forward == pytest.approx(1024 * 151936 * 12 / GIB, rel=0, abs=1e-9)
+
+
+def test_a_token_budget_is_a_gpus_so_a_ring_micro_batch_holds_ring_size_times_it(model_dir):
+    from hybrid_core.memory_plan import forward_tokens_of, train_tokens
+    from hybrid_core.workers.worker_args import forward_batching, train_batching
+
+    cfg = ring_config(model_dir, train={"dynamic_batch_enable": True, "max_tokens_per_gpu": 3000},
+                      rollout={"n_samples_per_prompt": 2, "max_tokens_per_gpu": 5000}, data={"max_len": 4096})
+    assert (train_batching(cfg).max_tokens, forward_batching(cfg).max_tokens) == (6000, 10000)  # as OpenRLHF
+    assert (train_tokens(cfg), forward_tokens_of(cfg)) == (6000, 10000)

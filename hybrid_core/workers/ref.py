@@ -12,7 +12,7 @@ class RefWorker:
     def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching, use_liger: bool,
                  ring: RingSettings):
         pad_id = load_tokenizer(model_path).pad_token_id
-        self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed, use_liger, ring)
+        self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed, use_liger, ring=ring)
         self.batching = batching
 
     def ready(self) -> bool:

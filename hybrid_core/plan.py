@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
+from hybrid_core.ring_plan import ring_lines, ring_problems
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -214,7 +215,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
              "placement:"]
     lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
     lines.append(_rollout_line(cfg, placement))
-    lines += _reward_lines(cfg, placement)
+    lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
     missing = not_implemented(cfg)
@@ -248,9 +249,10 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib
         gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
+    placement = make_placement(cfg)
     problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
-        + _reward_model_problems(cfg) + _memory_problems(cfg, gpu_total_gib)
-    num_gpus = make_placement(cfg).num_gpus
+        + _reward_model_problems(cfg) + ring_problems(cfg, placement) + _memory_problems(cfg, gpu_total_gib)
+    num_gpus = placement.num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
                         "or lower --actor.num_gpus_per_node and --vllm.num_engines")

@@ -24,7 +24,8 @@ from hybrid_core.workers.ref import RefWorker
 from hybrid_core.workers.reward_model import RewardModelWorker
 from hybrid_core.workers.rollout import RolloutWorker
 from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, forward_batching, model_output_uri,
-                                             num_engines, reward_model_settings, role_ranks, rollout_args)
+                                             num_engines, reward_model_settings, ring_settings, role_ranks,
+                                             rollout_args)
 
 LIVE_TIMEOUT_S = 120  # a live worker still finishing a call of the killed driver answers after it
 CLOSE_TIMEOUT_S = 15  # flushing the metric sinks takes well under a second
@@ -80,7 +81,8 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
         ray.get(building, timeout=placement.READY_TIMEOUT_S)
     policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
     critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
-    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel or None)
+    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel or None,
+              ring_settings(cfg))
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: frozen,  # the reference's and reward model's replicas are alike: no rank
                "reward": lambda rank: (reward_model_settings(cfg),)}

@@ -17,10 +17,10 @@ INPUTS = {"actor": {"model_name_or_path": str(REPO_ROOT / "data")},
           "reward": {"remote_url": str(REPO_ROOT / "data" / "letters_reward.py")}}
 INPUT_FLAGS = [f"--{ns}.{key}={value}" for ns, block in INPUTS.items() for key, value in block.items()]
 
-SEED_NOT_IMPLEMENTED = [
-    "--ds.ring_attn_size (set to 2)",
-    "--ds.ring_attn_head_stride (set to 2)",
-]
+SEED_NOT_IMPLEMENTED: list[str] = []
+SEED_RING_LINES = ["ring attention: each packed sample split over 2 ranks, 2 K/V head(s) all-gathered at a time",
+                   "  actor: ring groups [0, 1] [2, 3] (2 data-parallel group(s))",
+                   "  ref: ring groups [0, 1] [2, 3] (2 data-parallel group(s))"]
 
 
 def config(**blocks) -> RunConfig:
@@ -57,11 +57,9 @@ def test_seed_plan_text():
     assert lines[2] == ("  group 1: 4 bundles of 1 GPU on 1 node(s); roles and GPU share per bundle: "
                         "actor 0.2, ref 0.2, rollout 0.2")
     assert lines[3] == ("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7")
-    assert lines[4] == "sleep: vLLM on (level 1), DeepSpeed on"
-    assert lines[5] == "not implemented yet:"
-    assert lines[6:] == [f"  {line}" for line in SEED_NOT_IMPLEMENTED]
-    for flag in ("--ds.ring_attn_size", "--ds.ring_attn_head_stride"):
-        assert flag in text
+    assert lines[4:7] == SEED_RING_LINES
+    assert lines[7] == "sleep: vLLM on (level 1), DeepSpeed on"
+    assert lines[8:] == ["not implemented yet: none"]
     assert "--ds.packing_samples" not in text and "--train.dynamic_batch_enable" not in text  # issue #7
 
 

@@ -89,8 +89,7 @@ def node_lines(blocks: Sequence[NodeBlock], group: int) -> list[str]:
     lines = []
     for block in mine:
         ranks = rank_span(blocks, block)
-        shown = str(ranks.start) if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}"
-        plural = "s" if block.num_bundles > 1 else ""
-        lines.append(f"    node {block.node}: {block.num_bundles} bundle{plural} (a placement group of its own), "
-                     f"ranks {shown}")
+        shown = f"rank {ranks.start}" if len(ranks) == 1 else f"ranks {ranks.start}-{ranks.stop - 1}"
+        bundles = "1 bundle" if block.num_bundles == 1 else f"{block.num_bundles} bundles"
+        lines.append(f"    node {block.node}: {bundles} (a placement group of its own), {shown}")
     return lines

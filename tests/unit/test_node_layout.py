@@ -57,5 +57,5 @@ def test_plan_lines_show_each_node_of_a_group_on_several():
     assert node_lines(blocks, 0) == ["    node 0: 2 bundles (a placement group of its own), ranks 0-1",
                                      "    node 1: 2 bundles (a placement group of its own), ranks 2-3"]
     assert node_lines(blocks, 1) == ["    node 0: 2 bundles (a placement group of its own), ranks 0-1",
-                                     "    node 1: 1 bundle (a placement group of its own), ranks 2"]
+                                     "    node 1: 1 bundle (a placement group of its own), rank 2"]
     assert node_lines(blocks, 2) == []  # one node: the group line says it all

@@ -329,4 +329,4 @@ def test_separate_groups_on_two_nodes_each_get_a_placement_group_a_node():
     assert render_plan(cfg).splitlines()[8:11] == [
         "  group 3: 3 bundles of 1 GPU on 2 node(s); roles and GPU share per bundle: rollout 1",
         "    node 0: 2 bundles (a placement group of its own), ranks 0-1",
-        "    node 1: 1 bundle (a placement group of its own), ranks 2"]
+        "    node 1: 1 bundle (a placement group of its own), rank 2"]

@@ -118,8 +118,10 @@ def _meeting_points(groups: dict[str, list]) -> dict[str, tuple[str, int]]:
 
 
 def _ask_sees_run_dir(run: RunRef, workers: dict[str, list]) -> list[tuple[str, object, object]]:
-    """Ask every worker whether its node sees the run directory: `(label, handle, object ref)`, answered once its
-    process is up."""
+    """Ask every worker whether its node sees the run's manifest, as the driver does: `(label, handle, object ref)`,
+    answered once its process is up (nothing to ask when workers start before the run is opened, as in tests)."""
+    if not RolloutStore(run.run_dir).exists("manifest.json"):
+        return []
     return [(f"{role} rank {rank}", handle, handle.sees.remote(run.run_dir))
             for role, handles in workers.items() for rank, handle in enumerate(handles)]
 

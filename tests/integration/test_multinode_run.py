@@ -14,7 +14,7 @@ import pytest
 
 from hybrid_core.workers.step_ledger import VOLATILE_METRICS
 from tests.conftest import REPO_ROOT
-from tests.integration.conftest import GAE_FLAGS, TWO_RANK_GAE_FLAGS, read_metrics, read_stage
+from tests.integration.conftest import GAE_FLAGS, MICRO_FLAGS, TWO_RANK_GAE_FLAGS, read_metrics, read_stage
 
 pytestmark = pytest.mark.integration
 SCRIPT = REPO_ROOT / "tests" / "integration" / "multinode_run.py"
@@ -31,11 +31,12 @@ def two_node_run(tmp_path_factory, tiny_model, prefect_server) -> dict:
     of the placement, and the run's directory."""
     root = tmp_path_factory.mktemp("multinode")
     out = root / "placement.json"
-    env = os.environ | {"PREFECT_API_URL": prefect_server, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+    env = os.environ | {"PREFECT_API_URL": prefect_server, "RAY_AUTH_MODE": "disabled",
                         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, str(SCRIPT), str(root), RUN_ID, str(out), *TWO_NODES], cwd=REPO_ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    flags = [*MICRO_FLAGS, "--store.root", str(root), *TWO_NODES]
+    done = subprocess.run([sys.executable, str(SCRIPT), RUN_ID, str(out), "0", *flags], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return json.loads(out.read_text())
 

@@ -38,5 +38,5 @@ def test_ranks_on_two_nodes_meet_at_rank_0s_node_and_push_to_their_engines(stand
     for role in ("ref", "rollout"):
         assert [workers[f"{role}/{rank}"]["node_id"] for rank in (0, 1)] == rank_nodes, role
     assert workers["actor/1"]["master_addr"] == workers["actor/0"]["master_addr"] == nodes[rank_nodes[0]]
-    assert (seen["fresh_start"], seen["attached_again"], seen["num_steps"]) == (True, True, 2)
+    assert (seen["fresh_start"], seen["attached_again"], seen["num_steps"], seen["left"]) == (True, True, 2, [])
     check_engines_match_actor(tmp_path / "runs" / "mn2")

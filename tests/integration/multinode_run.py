@@ -44,21 +44,42 @@ def start_cluster(temp_dir: str, gpus_per_node: int):
     return cluster
 
 
-def placement_seen(run, role_ranks: dict[str, int], num_engines: int) -> dict:
-    """What Ray says of the run's placement: its placement groups' bundles → node ids, the node table, and each
-    worker's node and rendezvous."""
-    import ray
+def run_groups(run) -> list[dict]:
+    """Ray's placement-group table rows of the run's groups (any state)."""
     from ray.util import placement_group_table
 
     from hybrid_core.workers import placement
 
-    groups = {info["name"]: info["bundles_to_node_id"] for info in placement_group_table().values()
-              if placement.is_run_pg(run, info["name"]) and info["state"] == "CREATED"}
+    return [info for info in placement_group_table().values() if placement.is_run_pg(run, info["name"])]
+
+
+def placement_seen(run, role_ranks: dict[str, int], num_engines: int) -> dict:
+    """What Ray says of the run's placement: its placement groups' bundles → node ids, the node table, and each
+    worker's node and rendezvous."""
+    import ray
+
+    from hybrid_core.workers import placement
+
+    groups = {info["name"]: info["bundles_to_node_id"] for info in run_groups(run) if info["state"] == "CREATED"}
     nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
     workers = {f"{role}/{rank}": placement.get_worker(run, role, rank).whereabouts.remote()
                for role, count in (role_ranks | {"rollout": num_engines}).items() for rank in range(count)}
     return {"placement_groups": groups, "nodes": nodes,
             "workers": {name: ray.get(ref, timeout=60) for name, ref in workers.items()}}
+
+
+def left_behind(run, wait_s: float = 15.0) -> list[str]:
+    """The run's actors and placement groups still alive once `rl-train` has ended (none), allowing `wait_s` for
+    killed actors to be deregistered (ray.kill does not wait)."""
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == run.namespace]
+        left += [info["name"] for info in run_groups(run) if info["state"] != "REMOVED"]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def train(run_id: str, flags: list[str], gpus_per_node: int) -> dict:
@@ -80,7 +101,7 @@ def train(run_id: str, flags: list[str], gpus_per_node: int) -> dict:
         seen |= {"fresh_start": is_fresh, "attached_again": start_workers(cfg, run).is_attached,
                  "workers_started_s": time.perf_counter() - started}
         summary = rl_train(cfg, run_id=run_id)
-        return seen | {"run_dir": summary.run_dir, "num_steps": summary.num_steps,
+        return seen | {"run_dir": summary.run_dir, "num_steps": summary.num_steps, "left": left_behind(run),
                        "wall_s": time.perf_counter() - started}
     finally:
         import ray

@@ -57,8 +57,8 @@ def test_ranks_sit_in_order_on_two_nodes_and_meet_at_the_node_of_rank_0(two_node
         assert rank_0["master_addr"] == rank_0["node_ip"] == nodes[rank_nodes[0]], role
         assert (rank_1["master_addr"], rank_1["master_port"]) == (rank_0["master_addr"], rank_0["master_port"]), role
         assert rank_1["node_ip"] == nodes[rank_nodes[1]] != rank_1["master_addr"], role
-    # the flow re-attached to these workers and trained its 2 steps with them
-    assert (seen["fresh_start"], seen["attached_again"], seen["num_steps"]) == (True, True, 2)
+    # the flow re-attached to these workers, trained its 2 steps with them, then killed them and removed the groups
+    assert (seen["fresh_start"], seen["attached_again"], seen["num_steps"], seen["left"]) == (True, True, 2, [])
 
 
 def test_the_two_node_run_equals_the_one_node_run(two_node_run, shared_run):

@@ -85,10 +85,7 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: frozen,  # the reference's and reward model's replicas are alike: no rank
                "reward": lambda rank: (reward_model_settings(cfg),)}
-    meeting = _meeting_points(groups)
-    # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
-    building += [handle.construct.remote(*args_of[role](rank), _meet_at=meeting[role])
-                 for role, handles in groups.items() for rank, handle in enumerate(handles)]
+    building += _construct_where_they_meet(groups, args_of)
     _check_run_dir_shared(cfg, seen)
     ray.get(building, timeout=placement.READY_TIMEOUT_S)
     counted = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
@@ -109,12 +106,20 @@ def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Sl
             for rank in range(num_ranks)]
 
 
-def _meeting_points(groups: dict[str, list]) -> dict[str, tuple[str, int]]:
-    """Where each role's ranks meet: the address of the node its rank 0 runs on, with a port free there, asked of
-    rank 0 once its process is up (the driver may be on another node, and 127.0.0.1 reaches only a rank's own)."""
-    roles = list(groups)
-    points = ray.get([groups[role][0].rendezvous_point.remote() for role in roles], timeout=placement.READY_TIMEOUT_S)
-    return dict(zip(roles, points))
+def _construct_where_they_meet(groups: dict[str, list], args_of: dict) -> list:
+    """Construct each role's ranks as soon as its rank 0, once its process is up, has said where they meet: its
+    node's address and a port free there (the driver may be on another node, and 127.0.0.1 reaches only a rank's
+    own). A role's ranks are constructed together: each DeepSpeed rank's start-up waits until all have joined."""
+    asked = {groups[role][0].rendezvous_point.remote(): role for role in groups}
+    building = []
+    while asked:
+        answered, _ = ray.wait(list(asked), num_returns=1, timeout=placement.READY_TIMEOUT_S)
+        if not answered:
+            raise TimeoutError(f"rank 0 of {sorted(asked.values())} did not start within {placement.READY_TIMEOUT_S}s")
+        role, meet_at = asked.pop(answered[0]), ray.get(answered[0])
+        building += [handle.construct.remote(*args_of[role](rank), _meet_at=meet_at)
+                     for rank, handle in enumerate(groups[role])]
+    return building
 
 
 def _ask_sees_run_dir(run: RunRef, workers: dict[str, list]) -> list[tuple[str, object, object]]:

@@ -16,6 +16,7 @@ import torch
 
 from hybrid_core.engines.frozen_offload import HostResidentWeights
 from hybrid_core.engines.liger_kernels import apply_fast_kernels
+from hybrid_core.engines.ring_attention import RingGroup, RingSettings, register_ring_attention
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 
@@ -41,8 +42,11 @@ def memory_peak_gib(name: str) -> dict[str, float]:
     return {f"memory_gib/{name}": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def attn_implementation_for(is_packed: bool) -> str | None:
+def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
+
+    With ring attention (`is_ring`: packed rows split over a ring group) it is `hybrid_ring` on every device: the
+    ring's all-gathers around the varlen kernel on CUDA, around exact per-sample sdpa on CPU.
 
     Packed rows on CUDA use PyTorch's varlen flash attention (`varlen_attention`, registered here), which has a
     backward, needs no compile and reads the samples' boundaries from the batch (flash-attn is not installed).
@@ -50,6 +54,8 @@ def attn_implementation_for(is_packed: bool) -> str | None:
     positions; compiled on first use), as does a torch without `torch.nn.attention.varlen`. On CPU the default sdpa
     gets the same samples as a dense block-diagonal causal mask: exact (the padded layout's logprobs), no faster.
     """
+    if is_ring:
+        return register_ring_attention()
     if not (is_packed and device_name() == "cuda"):
         return None
     choice = os.environ.get("HYBRID_PACKED_ATTENTION", "varlen")
@@ -83,10 +89,10 @@ def load_tokenizer(model_path: str):
 
 
 def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
-                     agree_on_count=None) -> list[list[float]]:
-    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists (`agree_on_count`: see
-    `batched_response_forward`)."""
-    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching,
+                     ring: RingGroup | None = None, agree_on_count=None) -> list[list[float]]:
+    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists (with a `ring`, this rank's
+    chunks of them, gathered; `agree_on_count`: see `batched_response_forward`)."""
+    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching, ring,
                                     agree_on_count)
 
 
@@ -97,14 +103,18 @@ class FrozenModelSettings:
     batching: MicroBatching  # the advantage stage's no-grad forwards
     use_liger: bool | None   # see `load_causal_lm`
     is_offloaded: bool       # ref.offload: weights in host memory outside the forwards (`frozen_offload`)
+    ring: RingSettings       # ds.ring_attn_size: each rank of a ring computes a chunk of the same samples
 
 
 class FrozenModel:
-    """The reference policy: loaded once, never trained; only answers logprob forwards."""
+    """The reference policy: loaded once, never trained; only answers logprob forwards (with a ring of several
+    ranks, each rank of the ring a chunk of the same samples')."""
 
     def __init__(self, settings: FrozenModelSettings, pad_id: int):
+        self.ring = settings.ring.join()
         model = load_causal_lm(settings.model_path, settings.param_dtype,
-                               attn_implementation_for(settings.batching.is_packed), settings.use_liger)
+                               attn_implementation_for(settings.batching.is_packed, self.ring is not None),
+                               settings.use_liger)
         model = model.eval().requires_grad_(False)
         self.weights = HostResidentWeights(model, device_name()) if settings.is_offloaded else None
         self.model = model if settings.is_offloaded else model.to(device_name())
@@ -113,10 +123,10 @@ class FrozenModel:
     def logprobs(self, prompt_ids, response_ids) -> list[list[float]]:
         """Response logprobs; on a GPU the forward's cached blocks (and offloaded weights) go back to the driver
         afterwards, since the rollout engine (another process) needs that memory next."""
-        if not prompt_ids:  # an empty share: nothing to bring to the device for
+        if not prompt_ids:  # an empty share (a ring's ranks share theirs): nothing to bring to the device for
             return []
         with self.weights.on_device() if self.weights else contextlib.nullcontext(self.model) as model:
-            result = batched_logprobs(model, prompt_ids, response_ids, self.pad_id, self.batching)
+            result = batched_logprobs(model, prompt_ids, response_ids, self.pad_id, self.batching, self.ring)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return result

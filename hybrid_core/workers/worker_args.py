@@ -13,6 +13,7 @@ from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.frozen_model import FrozenModelSettings
 from hybrid_core.engines.reward_model import RewardModelSettings
+from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan import make_placement, sync_transport
@@ -56,10 +57,10 @@ def reward_model_settings(cfg: RunConfig) -> RewardModelSettings:
 
 
 def ref_settings(cfg: RunConfig) -> FrozenModelSettings:
-    """The reference's replicas: the policy's initial weights, frozen, in the run's dtype."""
+    """The reference's replicas: the policy's initial weights, frozen, in the run's dtype, on the run's rings."""
     return FrozenModelSettings(model_path=cfg.actor.model_name_or_path, param_dtype=cfg.ds.param_dtype,
                                batching=forward_batching(cfg), use_liger=cfg.ds.use_liger_kernel or None,
-                               is_offloaded=cfg.ref.offload)
+                               is_offloaded=cfg.ref.offload, ring=ring_settings(cfg))
 
 
 def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
@@ -85,20 +86,27 @@ def model_output_uri(cfg: RunConfig, run: RunRef) -> str:
 
 
 def train_batching(cfg: RunConfig) -> MicroBatching:
-    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens."""
+    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens a GPU
+    (a micro-batch is split over a ring's `ds.ring_attn_size` GPUs, so it holds that many times the budget, as in
+    OpenRLHF)."""
     t = cfg.train
     return MicroBatching(num_samples=t.micro_batch_size,
-                         max_tokens=t.max_tokens_per_gpu if t.dynamic_batch_enable else None,
+                         max_tokens=t.max_tokens_per_gpu * cfg.ds.ring_attn_size if t.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples)
 
 
 def forward_batching(cfg: RunConfig) -> MicroBatching:
     """Micro-batches of the no-grad logprob/value forwards: `rollout.micro_batch_size` samples, or with dynamic
-    batching `rollout.max_tokens_per_gpu` tokens (the train budget when unset)."""
-    budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
+    batching `rollout.max_tokens_per_gpu` tokens a GPU (the train budget when unset; × the ring size, as above)."""
+    budget = (cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples)
+
+
+def ring_settings(cfg: RunConfig) -> RingSettings:
+    """Ring attention of the reference's ranks (the DeepSpeed roles read it from `ds`)."""
+    return RingSettings(size=cfg.ds.ring_attn_size, head_stride=cfg.ds.ring_attn_head_stride)
 
 
 def engine_settings(cfg: RunConfig) -> EngineSettings:

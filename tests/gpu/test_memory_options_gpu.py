@@ -113,11 +113,12 @@ def test_muon_moves_each_hidden_matrix_by_a_bounded_orthogonal_step(build, cuda,
 def test_the_reference_visits_the_gpu_for_its_forwards_only(cuda, standin):
     torch = cuda
     from hybrid_core.engines.frozen_model import FrozenModel, FrozenModelSettings
+    from hybrid_core.engines.ring_attention import RingSettings
     from hybrid_core.engines.sequence_batch import MicroBatching
 
     def reference(is_offloaded: bool) -> FrozenModel:
         settings = FrozenModelSettings(model_path=str(standin), param_dtype="bf16", batching=MicroBatching(
-            num_samples=4), use_liger=None, is_offloaded=is_offloaded)
+            num_samples=4), use_liger=None, is_offloaded=is_offloaded, ring=RingSettings(size=1, head_stride=1))
         return FrozenModel(settings, pad_id=0)
 
     prompts = [fixed_sequence(32, 600 + i) for i in range(4)]

@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from tests.conftest import REPO_ROOT
-from tests.integration.conftest import GAE_FLAGS, read_metrics, read_stage, run_micro
+from tests.integration.conftest import GAE_FLAGS, TWO_RANK_GAE_FLAGS, read_metrics, read_stage
 
 pytestmark = pytest.mark.integration
-TWO_RANKS = ("--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2", "--vllm.num_engines", "2")
-ZERO3_OFFLOADED_REF = ("--ds.zero_stage", "3", "--ref.offload", "--ckpt.save_steps", "2", "--ckpt.save_hf")
 TRAIN_FIGURES = ("actor/policy_loss", "actor/kl", "actor/grad_norm", "advantage/mean", "advantage/std",
                  "reward/mean")
 
@@ -25,13 +23,11 @@ def by_sample(table, column: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def two_rank_gae_run(tmp_path_factory, shared_run):
+def two_rank_gae_run(shared_run):
     """The shared one-rank gae run and the same run with two ranks of every role: (one-rank run_dir, (cfg, two-rank
     run_dir))."""
     _, one = shared_run("gae", *GAE_FLAGS)
-    two = run_micro(tmp_path_factory.mktemp("dp-runs"), "gae-two", *GAE_FLAGS, *TWO_RANKS,
-                    "--critic.num_gpus_per_node", "2", *ZERO3_OFFLOADED_REF)
-    return one, two
+    return one, shared_run("gae-two", *TWO_RANK_GAE_FLAGS)
 
 
 def test_two_ranks_train_like_one(two_rank_gae_run):
@@ -66,19 +62,16 @@ def test_two_critic_ranks_train_like_one(two_rank_gae_run):
 
 
 def test_zero3_ranks_export_the_whole_model(two_rank_gae_run):
-    """The checkpoint's HF export and the run's final one are gathered from both ranks: every tensor whole, the two
-    exports equal (both hold step 2's weights), and within a few Adam steps (±lr each) of the one-rank run's."""
+    """The run's final HF export is gathered from both ranks: every tensor whole, and within a few Adam steps (±lr
+    each) of the one-rank run's."""
     from safetensors.torch import load_file
 
     one, (cfg, two) = two_rank_gae_run
-    final, at_step_2 = load_file(f"{two}/model/model.safetensors"), load_file(f"{two}/ckpt/global_step2_hf/"
-                                                                             "model.safetensors")
-    one_rank, initial = load_file(f"{one}/model/model.safetensors"), load_file(f"{REPO_ROOT}/data/tiny-qwen3/"
-                                                                             "model.safetensors")
-    assert final.keys() == at_step_2.keys() == one_rank.keys() == initial.keys()
+    final, one_rank = load_file(f"{two}/model/model.safetensors"), load_file(f"{one}/model/model.safetensors")
+    initial = load_file(f"{REPO_ROOT}/data/tiny-qwen3/model.safetensors")
+    assert final.keys() == one_rank.keys() == initial.keys()
     lr = cfg.actor.adam.lr
     for name, weight in final.items():
         assert weight.shape == initial[name].shape, name
-        torch.testing.assert_close(at_step_2[name], weight, rtol=0, atol=0, msg=name)
         torch.testing.assert_close(weight, one_rank[name], rtol=0, atol=4 * lr, msg=name)
     assert any(not torch.equal(final[name], initial[name]) for name in final)  # it trained

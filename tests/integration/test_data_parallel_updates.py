@@ -1,9 +1,10 @@
 """Data parallelism of the update loop with real DeepSpeed on CPU (gloo): two ranks that each train on their share
 of every optimizer step make the same update as one rank training on all of it — the loss stays one token mean over
 the whole step, DeepSpeed's average over ranks is undone, and a rank left with fewer micro-batches runs placeholder
-ones so both step together (under ZeRO-3 too, where every forward gathers the weights from both ranks). One rank also
-checks the memory options: the optimizer on the host (`ds.adam_offload`) makes the device step's update, and Muon's
-update of each hidden matrix is its orthogonalised momentum."""
+ones so both step together (under ZeRO-3 too, where every forward gathers the weights from both ranks). With ring
+attention the two ranks are one ring that splits every packed row: logprobs, values and both updates are still those
+of one rank. One rank also checks the memory options: the optimizer on the host (`ds.adam_offload`) makes the device
+step's update, and Muon's update of each hidden matrix is its orthogonalised momentum."""
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
 # ZeRO stage, how the micro-batches are laid out, then options (see data_parallel_update.py). Packed under a 16-token
 # budget the ranks' shares make different numbers of micro-batches.
 LAYOUTS = ["2-padded", "2-packed", "3-padded", "3-packed"]
+RING = "ring"  # ZeRO-2, packed, ring attention over every rank (data_parallel_update.ring)
 ONE_RANK_LAYOUTS = ["2-padded-offload", "2-padded-muon"]
 
 
@@ -42,16 +44,21 @@ def run_updates(out_dir, tiny_model, world_size: int, layouts: list[str]) -> dic
 def updates(tmp_path_factory, tiny_model) -> dict[int, dict[str, dict]]:
     root = tmp_path_factory.mktemp("updates")
     return {world_size: run_updates(root / str(world_size), tiny_model, world_size,
-                                    LAYOUTS + (ONE_RANK_LAYOUTS if world_size == 1 else []))
+                                    [*LAYOUTS, RING] + (ONE_RANK_LAYOUTS if world_size == 1 else []))
             for world_size in (1, 2)}
 
 
-def assert_same_update(got: dict, expected: dict) -> None:
-    largest = max(d.abs().max().item() for d in expected["deltas"].values())
+def _assert_same_update(one: dict, two: dict) -> None:
+    largest = max(d.abs().max().item() for d in one.values())
     assert largest > 1e-3  # the update moved the weights
-    assert got["deltas"].keys() == expected["deltas"].keys()
-    for name, delta in expected["deltas"].items():
-        torch.testing.assert_close(got["deltas"][name], delta, rtol=0, atol=1e-5 * largest, msg=name)
+    assert two.keys() == one.keys()
+    for name, delta in one.items():
+        torch.testing.assert_close(two[name], delta, rtol=0, atol=1e-5 * largest, msg=name)
+
+
+def assert_same_update(got: dict, expected: dict) -> None:
+    """The same parameter deltas (to fp32 rounding of sums in another order) and training figures."""
+    _assert_same_update(expected["deltas"], got["deltas"])
     assert got["stats"].keys() == expected["stats"].keys()
     for key, value in expected["stats"].items():
         assert got["stats"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
@@ -62,6 +69,22 @@ def test_two_ranks_make_the_update_of_one(updates, layout):
     one, two = updates[1][layout], updates[2][layout]
     assert (one["world_size"], two["world_size"]) == (1, 2)
     assert_same_update(two, one)
+
+
+def test_a_ring_of_two_ranks_computes_what_one_rank_does(updates):
+    one, two = updates[1][RING], updates[2][RING]
+    assert (one["ring_size"], two["ring_size"]) == (1, 2)
+    for key in ("logprobs", "values"):  # ragged per-sample lists of the 8 samples
+        assert [len(row) for row in two[key]] == [len(row) for row in one[key]] == [3, 5, 8, 2, 6, 4, 7, 1]
+        torch.testing.assert_close(torch.tensor(sum(two[key], [])), torch.tensor(sum(one[key], [])),
+                                   rtol=0, atol=1e-5, msg=key)
+    assert max(abs(v) for row in one["values"] for v in row) > 0.1  # the random head gives values to compare
+    _assert_same_update(one["deltas"], two["deltas"])
+    _assert_same_update(one["critic_deltas"], two["critic_deltas"])
+    for stats in ("stats", "critic_stats"):
+        assert two[stats].keys() == one[stats].keys()
+        for key, value in one[stats].items():
+            assert two[stats][key] == pytest.approx(value, rel=1e-5, abs=1e-7), (stats, key)
 
 
 @pytest.mark.parametrize("layout", ["3-padded", "3-packed"])

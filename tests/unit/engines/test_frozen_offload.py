@@ -9,6 +9,7 @@ import torch
 
 from hybrid_core.engines.frozen_model import FrozenModel, FrozenModelSettings
 from hybrid_core.engines.frozen_offload import HostResidentWeights
+from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching, pad
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
@@ -18,7 +19,8 @@ RESPONSES = [[20, 21, 22, 2], [30, 31, 32, 33, 34, 2], [40]]
 
 def reference(is_offloaded: bool) -> FrozenModel:
     settings = FrozenModelSettings(model_path=str(TINY_MODEL), param_dtype="fp32",
-                                   batching=MicroBatching(num_samples=2), use_liger=False, is_offloaded=is_offloaded)
+                                   batching=MicroBatching(num_samples=2), use_liger=False, is_offloaded=is_offloaded,
+                                   ring=RingSettings(size=1, head_stride=1))
     return FrozenModel(settings, pad_id=0)
 
 

@@ -49,6 +49,7 @@ class GradientRecorder:
 
     def __init__(self, module: torch.nn.Module):
         self.module, self.pad_id, self.rank, self.world_size = module, 0, 0, 1
+        self.ring, self.data_parallel_rank, self.data_parallel_size = None, 0, 1
 
     def train_micro_batch(self, loss_fn, is_boundary: bool) -> dict:
         loss, stats = loss_fn(self.module)

@@ -1,7 +1,7 @@
 """The actor's update for one step: PPO/GSPO micro-batch losses over the step's samples.
 
 Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
-policy's logits, IS-correction weights from the rollout engine's logprobs). The loop is `minibatch_updates`; the
+policy's chunked vocabulary head, `vocab_head`; IS-correction weights from the rollout engine's logprobs). The loop is `minibatch_updates`; the
 maths `hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
 """
 from __future__ import annotations
@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 from hybrid_core.algorithms.correction import is_weights
 from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatch, actor_objective
-from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs
+from hybrid_core.engines.vocab_head import response_token_stats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +36,7 @@ class TrainSamples:
 
 
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
-                         correction: ISCorrection | None):
+                         correction: ISCorrection | None, logit_chunk_tokens: int):
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         old, adv, mask = take(samples.old_logprobs), take(samples.advantages), batch.response_mask
@@ -48,10 +47,8 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
                                  low=correction.low, high=correction.high)
 
         def loss_fn(model):
-            logits = response_logits(model, batch)
-            entropy = to_response_layout(entropy_from_logits(logits.float()), batch) \
-                if s.entropy_coef is not None else None
-            logprobs = to_response_layout(token_logprobs(logits, batch.flat_response_ids), batch)
+            logprobs, entropy = response_token_stats(model, batch, logit_chunk_tokens,
+                                                     with_entropy=s.entropy_coef is not None)
             mb = PolicyMicroBatch(logprobs, old, adv, mask, ref, entropy, weights)
             return actor_objective(mb, s, share.num_tokens, share.sequence_share)
 
@@ -66,4 +63,5 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
     if correction is not None and samples.rollout_logprobs is None:
         raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
-    return run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction))
+    build_loss = _policy_loss_builder(engine, samples, s, correction, plan.batching.logit_chunk_tokens)
+    return run_updates(engine, lengths, plan, build_loss)

@@ -1,5 +1,7 @@
 """Policy updates with DeepSpeed on CPU, run by `torchrun` at 1 or 2 ranks (test_data_parallel_updates.py): one
-update for each layout named on the command line, each from freshly loaded weights.
+update for each layout named on the command line, each from freshly loaded weights. A layout is
+`<ZeRO stage>-<padded|packed>[-tied][-chunk<C>]`: `tied` trains the model with tied embeddings (the second model
+directory), `chunk<C>` runs the vocabulary head C response tokens at a time (default: all of them in one chunk).
 
 Every rank gets the same 8 samples and seed; rank 0 writes the update (parameter deltas) and the returned statistics
 to the output file. Adam's eps is so large that its first step is lr·g/(|g| + eps) ≈ the gradient itself, so the
@@ -34,7 +36,7 @@ def full_parameters(module: torch.nn.Module, is_zero3: bool) -> dict[str, torch.
         return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
-def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None:
+def update(model_dir: str, out_path: str, zero_stage: int, packed: bool, chunk_tokens: int) -> None:
     from hybrid_core.algorithms.experience import ActorLossSettings
     from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
     from hybrid_core.engines.actor_trainer import fit_actor
@@ -50,7 +52,8 @@ def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None
                         max_tokens_per_gpu=16)
     engine = DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
     before = full_parameters(engine.module, zero_stage == 3)
-    batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed)
+    batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed,
+                             logit_chunk_tokens=chunk_tokens)
     plan = BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3)
     stats = fit_actor(engine, samples(), ActorLossSettings(kl_coef=0.0), plan)
     after = full_parameters(engine.module, zero_stage == 3)
@@ -59,17 +62,21 @@ def update(model_dir: str, out_path: str, zero_stage: int, packed: bool) -> None
         torch.save({"deltas": deltas, "stats": stats, "world_size": engine.world_size}, out_path)
 
 
-def main(model_dir: str, out_dir: str, layouts: list[str]) -> None:
-    """One update per layout ("<zero stage>-<padded|packed>"), one engine after another in this process: rank 0
-    writes `<out_dir>/<layout>.pt`."""
+def main(model_dir: str, tied_model_dir: str, out_dir: str, layouts: list[str]) -> None:
+    """One update per layout (see the module docstring), one engine after another in this process: rank 0 writes
+    `<out_dir>/<layout>.pt`."""
     import torch.distributed as dist
 
+    from hybrid_core.config import LOGIT_CHUNK_TOKENS
+
     for layout in layouts:
-        zero_stage, batching = layout.split("-")
-        update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed")
+        zero_stage, batching, *options = layout.split("-")
+        chunks = [int(option.removeprefix("chunk")) for option in options if option.startswith("chunk")]
+        update(tied_model_dir if "tied" in options else model_dir, f"{out_dir}/{layout}.pt", int(zero_stage),
+               batching == "packed", chunks[0] if chunks else LOGIT_CHUNK_TOKENS)
     dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])

@@ -1,8 +1,8 @@
 """The actor's update for one step: PPO/GSPO micro-batch losses over the step's samples.
 
 Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
-policy's chunked vocabulary head, `vocab_head`; IS-correction weights from the rollout engine's logprobs). The loop is `minibatch_updates`; the
-maths `hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
+policy's vocabulary head in chunks, `vocab_head`; IS-correction weights from the rollout engine's logprobs). The
+loop is `minibatch_updates`; the maths `hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 HF model's own, applied to a loaded model instance.
 
 Owns which Liger patches are applied and the error for a model type Liger does not cover. The logits path stays
-this project's (`sequence_batch`): Liger's fused linear cross-entropy forward is never installed, so logprobs,
-`logits_to_keep` and entropy behave as without Liger. Liger also patches the model type's module process-wide (its
+this project's (`vocab_head`, the head in chunks): Liger's fused linear cross-entropy forward is never installed, so
+logprobs and entropy behave as without Liger. Liger also patches the model type's module process-wide (its
 rotary function is looked up there at call time), so a process loads its models either all with it or all without.
 Liger needs CUDA (Triton); `plan` refuses the flag on CPU or without the package. It knows nothing about DeepSpeed,
 Ray or RL.

@@ -13,8 +13,9 @@ again for the recompute (the way it does for gradient-checkpointed layers), and 
 gets its gradient through the one shared parameter. Nothing reads the weight outside a module's forward. The cost
 is one more head matmul per chunk, 2·H·V FLOPs per token (about 2% of a Qwen3-4B step at 4k tokens, less when
 longer). A fused cross-entropy (Liger's) computes the gradient in the forward for a loss it knows; a PPO loss's
-gradient is known only later.
-Exact against the unchunked head: the same matmul rows and the same fp32 maths, summed in another order.
+gradient is known only later. Exact against the unchunked head: the same matmul rows and the same fp32 maths,
+summed in another order.
+
 It knows nothing about DeepSpeed beyond calling the head as a module and keeping the calls of ZeRO-3 ranks in step
 (`_chunk_starts`), nor about RL losses or where the sequences come from.
 """

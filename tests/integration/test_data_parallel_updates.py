@@ -38,10 +38,15 @@ def run_updates(out_dir, tiny_model, tied_model, world_size: int, layouts: list[
 
 
 def tied_copy(tiny_model, out_dir):
-    """The tiny model with its vocabulary head tied to the embedding (the embedding's weights)."""
-    from transformers import AutoModelForCausalLM
+    """The tiny model with its vocabulary head tied to the embedding: one weight, the embedding's (transformers will
+    not tie a checkpoint whose two matrices differ, so the head's is left out)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(tiny_model, tie_word_embeddings=True).save_pretrained(out_dir)
+    untied = AutoModelForCausalLM.from_pretrained(tiny_model)
+    tied = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model, tie_word_embeddings=True))
+    tied.load_state_dict({k: v for k, v in untied.state_dict().items() if k != "lm_head.weight"}, strict=False)
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    tied.save_pretrained(out_dir)
     return out_dir
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid_core.engines.liger_kernels import apply_liger_kernels
+from hybrid_core.engines.liger_kernels import apply_fast_kernels
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 from hybrid_core.engines.vocab_head import response_logprobs
@@ -59,9 +59,10 @@ def attn_implementation_for(is_packed: bool) -> str | None:
 
 
 def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None,
-                   use_liger: bool = False):
-    """Load an HF causal LM from a local directory or a hub id (with Liger's kernels when `use_liger`); fails with
-    the path when a local folder is not a model directory."""
+                   use_liger: bool | None = None):
+    """Load an HF causal LM from a local directory or a hub id, with Liger's kernels as `apply_fast_kernels` decides
+    (None: on CUDA where they apply; True: required; False: never); fails with the path when a local folder is not a
+    model directory."""
     from transformers import AutoModelForCausalLM
 
     if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
@@ -69,8 +70,7 @@ def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str |
                                 f"{model_path!r}, a folder with no config.json")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                                  attn_implementation=attn_implementation)
-    if use_liger:
-        apply_liger_kernels(model)
+    apply_fast_kernels(model, use_liger)
     return model
 
 
@@ -91,7 +91,7 @@ class FrozenModel:
     """The reference policy: loaded once, never trained; only answers logprob forwards."""
 
     def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False,
-                 use_liger: bool = False):
+                 use_liger: bool | None = None):
         model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed), use_liger)
         self.model = model.to(device_name()).eval()
         self.model.requires_grad_(False)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
-from hybrid_core.engines.liger_kernels import apply_liger_kernels
+from hybrid_core.engines.liger_kernels import apply_fast_kernels
 from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward, model_inputs
 
 
@@ -33,7 +33,7 @@ class ValueModel(nn.Module):
 
 
 def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
-                     attn_implementation: str | None = None, use_liger: bool = False) -> ValueModel:
+                     attn_implementation: str | None = None, use_liger: bool | None = None) -> ValueModel:
     from transformers import AutoConfig, AutoModel
 
     if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
@@ -41,8 +41,7 @@ def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
                                 f"{model_path!r}, a folder with no config.json")
     backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                          attn_implementation=attn_implementation)
-    if use_liger:
-        apply_liger_kernels(backbone)
+    apply_fast_kernels(backbone, use_liger)
     return ValueModel(backbone, AutoConfig.from_pretrained(model_path).hidden_size, head_prefix)
 
 

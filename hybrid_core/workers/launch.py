@@ -80,7 +80,7 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
         ray.get(building, timeout=placement.READY_TIMEOUT_S)
     policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
     critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
-    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel)
+    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel or None)
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: frozen,  # the reference's and reward model's replicas are alike: no rank
                "reward": lambda rank: (reward_model_settings(cfg),)}

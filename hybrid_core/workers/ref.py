@@ -8,7 +8,8 @@ from hybrid_core.engines.sequence_batch import MicroBatching
 class RefWorker:
     PRELOAD = ("transformers",)  # imported while the other workers start (placement.deferred)
 
-    def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching, use_liger: bool = False):
+    def __init__(self, model_path: str, param_dtype: str, batching: MicroBatching,
+                 use_liger: bool | None = None):
         pad_id = load_tokenizer(model_path).pad_token_id
         self.model = FrozenModel(model_path, param_dtype, pad_id, batching.is_packed, use_liger)
         self.batching = batching

@@ -59,6 +59,13 @@ def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
     return num_steps * cfg.train.max_epochs * max(1, -(-samples_per_step // cfg.train.batch_size))
 
 
+def is_on_policy(cfg: RunConfig) -> bool:
+    """One optimizer step over each step's samples and one epoch: the update starts from the weights that generated
+    them (its own forward then serves as the old logprobs)."""
+    samples_per_step = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    return cfg.train.max_epochs == 1 and samples_per_step <= cfg.train.batch_size
+
+
 def ckpt_root(cfg: RunConfig, run: RunRef) -> str:
     """`ckpt.path` when set, else `<run dir>/ckpt`."""
     return cfg.ckpt.path if "ckpt.path" in changed_fields(cfg) else f"{run.run_dir}/ckpt"
@@ -173,7 +180,8 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         advantage=advantage_settings(cfg), penalties=penalties, loss=loss_settings(cfg), correction=is_correction(cfg),
         experience_batching=forward_batching(cfg), train_batching=train_batching(cfg),
         total_optimizer_steps=total_optimizer_steps(cfg, num_steps), sync_bucket_bytes=cfg.vllm.sync_bucket_mb * 2**20,
-        roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, extensions_dir=extensions_dir,
+        roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, is_update_on_policy=is_on_policy(cfg),
+        extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
         num_engines=num_engines(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)

@@ -33,6 +33,8 @@ def two_rank_config(standin, root):
     cfg["actor"] |= {"num_gpus_per_node": 2, "entropy_coef": 0.01}  # no reward on the stand-in: entropy moves it
     cfg["ref"] |= {"num_gpus_per_node": 2}
     cfg["vllm"] |= {"num_engines": 2}
+    # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
+    cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
     path.write_text(yaml.safe_dump(cfg))
     return path
 

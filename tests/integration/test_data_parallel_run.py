@@ -39,7 +39,7 @@ def test_two_ranks_train_like_one(two_rank_gae_run):
         rollout_one, rollout_two = read_stage(one, step, "rollout"), read_stage(two, step, "rollout")
         assert by_sample(rollout_two, "response_ids") == by_sample(rollout_one, "response_ids"), step
         adv_one, adv_two = read_stage(one, step, "advantage"), read_stage(two, step, "advantage")
-        for column in ("old_logprobs", "ref_logprobs", "advantages"):
+        for column in ("ref_logprobs", "advantages"):  # old logprobs: the on-policy update's own (in actor/kl)
             a, b = by_sample(adv_two, column), by_sample(adv_one, column)
             for key in b:
                 assert a[key] == pytest.approx(b[key], rel=0, abs=logprob_atol), (step, column, key)

@@ -3,8 +3,8 @@
 Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
 policy's vocabulary head in chunks, `vocab_head`; IS-correction weights from the rollout engine's logprobs) and, for
 an exactly on-policy step, the old logprobs from the update's own forward (detached: the ratio is exactly 1, as with
-a separate forward of the same weights, which is then skipped). The loop is `minibatch_updates`; the maths `hybrid_core.algorithms.experience`. It
-knows nothing about Ray or the store.
+a separate forward of the same weights, which is then skipped). The loop is `minibatch_updates`; the maths
+`hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
 """
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from hybrid_core.engines.liger_kernels import apply_fast_kernels
+from hybrid_core.engines.ring_attention import RingGroup, RingSettings, register_ring_attention
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 from hybrid_core.engines.vocab_head import response_logprobs
@@ -39,8 +40,11 @@ def memory_peak_gib(name: str) -> dict[str, float]:
     return {f"memory_gib/{name}": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def attn_implementation_for(is_packed: bool) -> str | None:
+def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
+
+    With ring attention (`is_ring`: packed rows split over a ring group) it is `hybrid_ring` on every device: the
+    ring's all-gathers around the varlen kernel on CUDA, around exact per-sample sdpa on CPU.
 
     Packed rows on CUDA use PyTorch's varlen flash attention (`varlen_attention`, registered here), which has a
     backward, needs no compile and reads the samples' boundaries from the batch (flash-attn is not installed).
@@ -48,6 +52,8 @@ def attn_implementation_for(is_packed: bool) -> str | None:
     positions; compiled on first use), as does a torch without `torch.nn.attention.varlen`. On CPU the default sdpa
     gets the same samples as a dense block-diagonal causal mask: exact (the padded layout's logprobs), no faster.
     """
+    if is_ring:
+        return register_ring_attention()
     if not (is_packed and device_name() == "cuda"):
         return None
     choice = os.environ.get("HYBRID_PACKED_ATTENTION", "varlen")
@@ -80,19 +86,24 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching) -> list[list[float]]:
+def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                     ring: RingGroup | None = None) -> list[list[float]]:
     """Response logprobs of every sample, micro-batched by `batching` (the vocabulary head in chunks of
-    `batching.logit_chunk_tokens` tokens), as ragged lists."""
+    `batching.logit_chunk_tokens` tokens), as ragged lists (with a `ring`, each rank's head runs over its own share
+    of the response tokens; the results are gathered)."""
     logprobs = partial(response_logprobs, chunk_tokens=batching.logit_chunk_tokens)
-    return batched_response_forward(logprobs, model, prompt_ids, response_ids, pad_id, batching)
+    return batched_response_forward(logprobs, model, prompt_ids, response_ids, pad_id, batching, ring)
 
 
 class FrozenModel:
-    """The reference policy: loaded once, never trained; only answers logprob forwards."""
+    """The reference policy: loaded once, never trained; only answers logprob forwards (with a ring of several
+    ranks, each rank of the ring a chunk of the same samples')."""
 
     def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False,
-                 use_liger: bool | None = None):
-        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed), use_liger)
+                 use_liger: bool | None = None, ring: RingSettings = RingSettings(size=1, head_stride=1)):
+        self.ring = ring.join()
+        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed, self.ring is not None),
+                               use_liger)
         self.model = model.to(device_name()).eval()
         self.model.requires_grad_(False)
         self.pad_id = pad_id
@@ -100,7 +111,7 @@ class FrozenModel:
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         """Response logprobs; on a GPU the forward's cached blocks go back to the driver afterwards, since the
         rollout engine (another process) needs that memory next."""
-        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching)
+        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching, self.ring)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return result

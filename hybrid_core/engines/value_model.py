@@ -13,7 +13,9 @@ from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
 from hybrid_core.engines.liger_kernels import apply_fast_kernels
-from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward, model_inputs
+from hybrid_core.engines.ring_attention import RingGroup
+from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, batched_response_forward, model_inputs,
+                                               to_response_layout)
 
 
 class ValueModel(nn.Module):
@@ -48,9 +50,11 @@ def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
 def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """(B, T) values at the positions that precede each response token, zero where `response_mask` is 0."""
     values = model(**model_inputs(batch))
-    return values.float().flatten()[batch.response_index] * batch.response_mask
+    return to_response_layout(values.float().flatten()[batch.response_positions], batch)
 
 
-def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching):
-    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients."""
-    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching)
+def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                   ring: RingGroup | None = None):
+    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients (with a `ring`,
+    this rank's chunks of them, gathered)."""
+    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching, ring)

@@ -140,11 +140,12 @@ class ActorWorker:
             values=self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
 
     def _remote_forward(self, role: str, method: str):
-        """`role`'s forward of the rows, its ranks each taking a share."""
+        """`role`'s forward of the rows, its ranks (or rings of ranks) each taking a share."""
         def forward(prompt_ids, response_ids):
             workers = rank_group.all_ranks(self.run, role, self._num_ranks(role))
             remote = [(rank, lambda p, r, w=w: getattr(w, method).remote(p, r)) for rank, w in enumerate(workers)]
-            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s)
+            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s,
+                                           ring_size=self.args.ds.ring_attn_size)
         return forward
 
     def _num_ranks(self, role: str) -> int:
@@ -327,7 +328,8 @@ class ActorWorker:
 
 
 class _ShardedPolicy:
-    """The policy's no-grad logprobs of the advantage stage, every data-parallel rank computing a share."""
+    """The policy's no-grad logprobs of the advantage stage, every data-parallel group (a rank, or a ring of ranks)
+    computing a share."""
 
     def __init__(self, worker: ActorWorker):
         self.worker = worker
@@ -337,4 +339,5 @@ class _ShardedPolicy:
         remote = [(rank, lambda p, r, peer=peer: peer.logprobs_of.remote(p, r))
                   for rank, peer in enumerate(w._peers(), start=1)]
         return rank_group.sharded_rows(prompt_ids, response_ids, "actor", remote, w.run.stage_timeout_s,
-                                       local=lambda p, r: w.engine.logprobs(p, r, batching))
+                                       local=lambda p, r: w.engine.logprobs(p, r, batching),
+                                       ring_size=w.args.ds.ring_attn_size)

@@ -12,6 +12,7 @@ from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.reward_model import RewardModelSettings
+from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan import make_placement, sync_transport
@@ -77,20 +78,27 @@ def model_output_uri(cfg: RunConfig, run: RunRef) -> str:
 
 
 def train_batching(cfg: RunConfig) -> MicroBatching:
-    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens."""
+    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens a GPU
+    (a micro-batch is split over a ring's `ds.ring_attn_size` GPUs, so it holds that many times the budget, as in
+    OpenRLHF)."""
     t = cfg.train
     return MicroBatching(num_samples=t.micro_batch_size,
-                         max_tokens=t.max_tokens_per_gpu if t.dynamic_batch_enable else None,
+                         max_tokens=t.max_tokens_per_gpu * cfg.ds.ring_attn_size if t.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
 
 
 def forward_batching(cfg: RunConfig) -> MicroBatching:
     """Micro-batches of the no-grad logprob/value forwards: `rollout.micro_batch_size` samples, or with dynamic
-    batching `rollout.max_tokens_per_gpu` tokens (the train budget when unset)."""
-    budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
+    batching `rollout.max_tokens_per_gpu` tokens a GPU (the train budget when unset; × the ring size, as above)."""
+    budget = (cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
+
+
+def ring_settings(cfg: RunConfig) -> RingSettings:
+    """Ring attention of the reference's ranks (the DeepSpeed roles read it from `ds`)."""
+    return RingSettings(size=cfg.ds.ring_attn_size, head_stride=cfg.ds.ring_attn_head_stride)
 
 
 def engine_settings(cfg: RunConfig) -> EngineSettings:

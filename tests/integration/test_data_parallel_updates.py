@@ -3,7 +3,9 @@ of every optimizer step make the same update as one rank training on all of it �
 the whole step, DeepSpeed's average over ranks is undone, and a rank left with fewer micro-batches runs empty ones
 so both step together. ZeRO-3 with the vocabulary head in chunks of 3 tokens makes the update of ZeRO-2 in one chunk,
 and of ZeRO-3 in one chunk with tied embeddings; two ZeRO-3 ranks whose micro-batches need different chunk counts
-still gather the head in step and make the update of one."""
+still gather the head in step and make the update of one. With ring attention the two ranks are one ring that
+splits every packed row, each rank's head in chunks over its own response tokens: logprobs, values and both updates
+are still those of one rank."""
 from __future__ import annotations
 
 import os
@@ -24,6 +26,9 @@ WORKER = REPO_ROOT / "tests" / "integration" / "data_parallel_update.py"
 # response tokens in micro-batches of 2 make 1–4 chunks of 3 tokens, different on the two ranks.
 LAYOUTS = ["2-padded", "2-packed", "3-padded-chunk3"]
 ONE_RANK_LAYOUTS = ["3-packed-tied", "3-packed-tied-chunk3"]  # the chunked head against the one-chunk head
+# ZeRO-2, packed, ring attention over every rank (data_parallel_update.ring): a rank's half of a packed row of at
+# most 16 tokens holds 0–8 response tokens, so 1–3 head chunks of 3 (one empty chunk for none)
+RING = "ring-chunk3"
 
 
 def run_updates(out_dir, tiny_model, tied_model, world_size: int, layouts: list[str]) -> dict[str, dict]:
@@ -56,7 +61,7 @@ def updates(tmp_path_factory, tiny_model) -> dict[int, dict[str, dict]]:
     root = tmp_path_factory.mktemp("updates")
     tied = tied_copy(tiny_model, root / "tied-model")
     return {world_size: run_updates(root / str(world_size), tiny_model, tied, world_size,
-                                    LAYOUTS + (ONE_RANK_LAYOUTS if world_size == 1 else []))
+                                    [*LAYOUTS, RING, *(ONE_RANK_LAYOUTS if world_size == 1 else [])])
             for world_size in (1, 2)}
 
 
@@ -84,3 +89,16 @@ def test_the_chunked_head_makes_the_update_of_one_chunk(updates):
     tied, tied_chunked = one["3-packed-tied"], one["3-packed-tied-chunk3"]
     assert "model.embed_tokens.weight" in tied["deltas"] and "lm_head.weight" not in tied["deltas"]  # one weight
     assert_same_update(tied_chunked, tied)
+
+
+def test_a_ring_of_two_ranks_computes_what_one_rank_does(updates):
+    one, two = updates[1][RING], updates[2][RING]
+    assert (one["ring_size"], two["ring_size"]) == (1, 2)
+    for key in ("logprobs", "values"):  # ragged per-sample lists of the 8 samples
+        assert [len(row) for row in two[key]] == [len(row) for row in one[key]] == [3, 5, 8, 2, 6, 4, 7, 1]
+        torch.testing.assert_close(torch.tensor(sum(two[key], [])), torch.tensor(sum(one[key], [])),
+                                   rtol=0, atol=1e-5, msg=key)
+    assert max(abs(v) for row in one["values"] for v in row) > 0.1  # the random head gives values to compare
+    assert_same_update(two, one)
+    critic = [{"deltas": run["critic_deltas"], "stats": run["critic_stats"]} for run in (one, two)]
+    assert_same_update(critic[1], critic[0])

@@ -4,7 +4,9 @@ Owns how every logprob path (the actor's update and old logprobs, the reference,
 value) runs a causal LM. The model runs with its head given no position; a forward pre-hook on the head takes the
 final hidden states it would have seen, and the N response positions' (N, H) rows are kept. The head then runs on
 chunks of `chunk_tokens` of them; each chunk's logits go at once to the taken token's logprob and the entropy
-(`algorithms.logprobs`, in fp32), so a forward holds one chunk's logits at a time.
+(`algorithms.logprobs`, in fp32), so a forward holds one chunk's logits at a time. With ring attention
+(`batch.ring`) the forward, the positions and the tokens are this rank's share of the packed row, so its head runs in
+chunks over its own response tokens, and `to_response_layout` gathers the ring's results into the whole (B, T).
 
 Backward: each chunk is recomputed (torch.utils.checkpoint, non-reentrant), so the logits of one chunk at a time
 exist there too. Chosen over a custom autograd Function that takes the head's weight because every chunk goes
@@ -14,7 +16,8 @@ gets its gradient through the one shared parameter. Nothing reads the weight out
 is one more head matmul per chunk, 2·H·V FLOPs per token (about 2% of a Qwen3-4B step at 4k tokens, less when
 longer). A fused cross-entropy (Liger's) computes the gradient in the forward for a loss it knows; a PPO loss's
 gradient is known only later. Exact against the unchunked head: the same matmul rows and the same fp32 maths,
-summed in another order.
+summed in another order. On CPU each chunk's matmul runs over a full chunk's rows (`_head_rows`), so that a token's
+logits do not depend on how many tokens share its chunk (the on-policy update's bit-for-bit equality).
 
 It knows nothing about DeepSpeed beyond calling the head as a module and keeping the calls of ZeRO-3 ranks in step
 (`_chunk_starts`), nor about RL losses or where the sequences come from.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hybrid_core.algorithms.logprobs import token_logprobs_and_entropy
@@ -77,9 +81,29 @@ def _chunk_starts(head: torch.nn.Module, num_tokens: int, chunk_tokens: int, dev
     return [min(i * chunk_tokens, num_tokens) for i in range(num_chunks)]
 
 
-def _chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool):
-    logprobs, entropy = token_logprobs_and_entropy(head(hidden), token_ids, with_entropy)
+def _chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool,
+                 num_rows: int):
+    """The chunk's stats, the head run over at least `num_rows` rows: `hidden`'s, zero-padded when fewer (the
+    padding's logits are dropped before the maths, so its rows get no gradient). An empty chunk (a ZeRO-3 rank's
+    extra call) has no results to match and is not padded."""
+    num_tokens = len(hidden)
+    if 0 < num_tokens < num_rows:
+        logits = head(F.pad(hidden, (0, 0, 0, num_rows - num_tokens)))[:num_tokens]
+    else:
+        logits = head(hidden)
+    logprobs, entropy = token_logprobs_and_entropy(logits, token_ids, with_entropy)
     return logprobs, entropy if with_entropy else logprobs.new_zeros(0)
+
+
+def _head_rows(device: torch.device, chunk_tokens: int) -> int:
+    """Rows each chunk's head matmul runs over at least. On CPU a full chunk's, whatever the chunk holds: MKL's
+    matmul sums a row's products in an order that depends on how many rows the matrix has (fewer than 8 rows take
+    another kernel than more), so a token's logits would depend on how many tokens share its chunk. The advantage
+    stage's forward and the update cut their micro-batches differently, so the on-policy update (old logprobs from
+    its own forward) would differ from the separate forward in the last bit; a fixed row count makes them equal bit
+    for bit. Only a call's last chunk is short, so this costs at most one chunk's rows a call. On CUDA the chunk's
+    own rows: bit-for-bit equality is not asked there, and padding would cost GPU memory and time."""
+    return chunk_tokens if device.type == "cpu" else 0
 
 
 def head_token_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.Tensor, chunk_tokens: int,
@@ -90,8 +114,10 @@ def head_token_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: tor
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be ≥ 1: got {chunk_tokens}; set --ds.logit_chunk_tokens")
     pieces = []
+    num_rows = _head_rows(hidden.device, chunk_tokens)
     for start in _chunk_starts(head, len(token_ids), chunk_tokens, hidden.device):
-        args = (head, hidden[start:start + chunk_tokens], token_ids[start:start + chunk_tokens], with_entropy)
+        args = (head, hidden[start:start + chunk_tokens], token_ids[start:start + chunk_tokens], with_entropy,
+                num_rows)
         if torch.is_grad_enabled():
             pieces.append(checkpoint(_chunk_stats, *args, use_reentrant=False, preserve_rng_state=False))
         else:

@@ -1,7 +1,8 @@
 """Unit tests for hybrid_core.engines.vocab_head: the vocabulary head in token chunks gives the unchunked head's
 logprobs, entropy and parameter gradients (fp32, padded and packed, untied and tied embeddings, a chunk that does
 not divide the response tokens and one larger than all of them, with gradient checkpointing), and a forward+backward
-never allocates (tokens × vocabulary) logits: its allocations, seen by torch's profiler, grow with the chunk."""
+never allocates (tokens × vocabulary) logits: its allocations, seen by torch's profiler, grow with the chunk. On CPU a
+token's logits do not depend on how many tokens share its chunk (bit for bit)."""
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,20 @@ def test_the_head_sees_no_position_in_the_model_forward(models):
             response_token_stats(model, batch, chunk_tokens=8)
     finally:
         handle.remove()
-    assert rows == [0, 8, 8, 2]  # the model's own call gets zero positions, then the chunks of 18
+    # the model's own call gets zero positions, then the chunks of 18: on CPU the last one's 2 rows padded to 8
+    assert rows == [0, 8, 8, 8]
+
+
+def test_on_cpu_a_tokens_logits_do_not_depend_on_how_many_tokens_share_its_chunk(models):
+    # MKL's matmul sums a row of fewer than 8 rows in another order than of more, so the chunks run over a full
+    # chunk's rows: 3 tokens alone and the same 3 among 20 (chunks of 32) give the same bits
+    head = models["untied"].lm_head
+    hidden = torch.randn(20, 128, generator=torch.Generator().manual_seed(3))
+    token_ids = torch.randint(0, 128, (20,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        alone = head_token_stats(head, hidden[:3], token_ids[:3], chunk_tokens=32, with_entropy=True)
+        among = head_token_stats(head, hidden, token_ids, chunk_tokens=32, with_entropy=True)
+    assert torch.equal(alone[0], among[0][:3]) and torch.equal(alone[1], among[1][:3])
 
 
 def test_bad_chunk_sizes_and_transformed_logits_are_refused(models):

@@ -145,12 +145,12 @@ class LoraConfig(ConfigBlock):
 
 
 LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
+LOGIT_CHUNK_TOKENS = 4096  # --ds.logit_chunk_tokens: × Qwen3's 151,936-entry vocabulary, 5.8 GiB at a chunk's peak
 
 
 class DsConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix",
-         "ring_attn_size", "ring_attn_head_stride"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"zero_stage", "param_dtype", "enable_sleep", "packing_samples",
+        "use_liger_kernel", "value_head_prefix", "ring_attn_size", "ring_attn_head_stride", "logit_chunk_tokens"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
     adam_offload: bool = Field(False, description="offload Adam states to CPU")
@@ -162,8 +162,8 @@ class DsConfig(ConfigBlock):
     tensor_parallel_size: int = Field(1, gt=0, description="DeepSpeed AutoTP degree")
     ring_attn_size: int = Field(1, gt=0, description="ranks a packed sample is split over (ring attention)")
     ring_attn_head_stride: int = Field(1, gt=0, description="K/V heads a ring all-gather exchanges at a time")
-    packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row "
-                                  "(attention: PyTorch varlen flash attention on CUDA, sdpa on CPU)")
+    packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row")
+    logit_chunk_tokens: int = Field(LOGIT_CHUNK_TOKENS, gt=0, description="PROJECT: tokens per vocabulary-head chunk")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")

@@ -67,5 +67,6 @@ def test_plan_prints_the_seed_memory_estimate_without_a_gpu():
     assert rc == 0, out
     assert "memory per GPU of the actor's group, estimated for a 139.80 GiB GPU (assumed: no GPU found" in out
     assert "    vLLM reservation: 97.86 GiB" in out  # 0.7 of the GPU
-    assert "  peak: " in out and "fits on a 139.80 GiB GPU" in out  # a ring of 2 halves each sample's memory
+    # its logits are one chunk's (vocab_head), and a ring of 2 halves each sample's activations
+    assert "  peak: " in out and "  fits on a 139.80 GiB GPU (" in out
     assert "Traceback" not in out

@@ -25,7 +25,8 @@ def _trainer(model_dir: Path):
 def _one_step(trainer) -> None:
     import torch
 
-    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+    from hybrid_core.engines.sequence_batch import make_sequence_batch
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     generator = torch.Generator().manual_seed(0)
     prompt, response = torch.randint(3, 100, (64,), generator=generator).tolist(), \

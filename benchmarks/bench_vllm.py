@@ -130,7 +130,8 @@ def _perturbed_policy(model_dir: Path):
 def _mean_abs_dlogprob(engine, model, probe) -> float:
     import torch
 
-    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+    from hybrid_core.engines.sequence_batch import make_sequence_batch
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     prompt, response = probe
     engine.wake_up(["weights", "kv_cache"])

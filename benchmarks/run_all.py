@@ -6,10 +6,13 @@ vLLM vs one transfer per tensor; rollout generation vs a decode roofline from th
 Issue #7's sections (→ h200-train-<date>.json): `train` (MFU through fit_actor, packed 1.7B and 4B, padded 1.7B),
 `sync4b` (bucketed vs per-tensor sync of the 4B shape), `memory` (plan vs measured peak, two configurations) and
 `iteration` (three colocated `hybrid train` iterations, seconds per stage).
+Issue #18's `long_context` (needs --model-4b): one 74,240-token sample of the 4B shape trained on the GPU (ZeRO-2,
+bf16, checkpointing, sleep) through fit_actor: step time, tokens/s and the device peak against the memory plan.
 Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
   python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
   (`train4b` alone measures the 4B MFU without the 1.7B figures; `train_liger` both with --ds.use_liger_kernel)
+  python3 benchmarks/run_all.py --model DIR4B --model-4b DIR4B --only long_context --out FILE.json
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
 from __future__ import annotations
@@ -163,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
                                  "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
     sections = args.only.split(",")
-    needs_anchors = {"anchors", "train", "train4b", "train_liger"} & set(sections) \
+    needs_anchors = {"anchors", "train", "train4b", "train_liger", "long_context"} & set(sections) \
         or ("vllm" in sections and "gen" in args.vllm_parts)
     ceilings = anchors(results) if needs_anchors else {"copy_gbps": 0.0}
     if "ds" in sections:
@@ -219,6 +222,12 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
         gpu_total_gib = results.data["meta"]["versions"]["gpu_total_gib"]
         results.section("memory", lambda: bench_memory(results, args.model, args.work_dir, gpu_total_gib,
                                                                   args.memory_configs.split(",")))
+    if "long_context" in sections:
+        from bench_long_context import bench_long_context
+
+        gpu_total_gib = results.data["meta"]["versions"]["gpu_total_gib"]
+        results.section("long_context", lambda: bench_long_context(results, args.model_4b, gpu_total_gib,
+                                                                   ceilings["tflops"]))
     if "iteration" in sections:
         from bench_iteration import bench_iteration
 

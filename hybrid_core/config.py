@@ -9,55 +9,11 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
-
-class ConfigError(ValueError):
-    """A configuration with one or more problems; `problems` holds one message per line."""
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("\n".join(self.problems))
-
-
-class ConfigBlock(BaseModel):
-    """Base of every config model: immutable, unknown keys are errors. Each block declares beside its fields which
-    have behaviour (`IMPLEMENTED`: `hybrid train` refuses any other set flag) and which values of a choice field
-    work yet (`IMPLEMENTED_VALUES`)."""
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
-    IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {}
-
-
-class AdamConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr", "betas", "eps", "weight_decay"})
-    lr: float = Field(1e-6, ge=0, description="Adam learning rate (0 freezes the policy: a control run)")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam betas (beta1 beta2)")
-    eps: float = Field(1e-8, gt=0, description="Adam epsilon")
-    weight_decay: float = Field(0.0, ge=0, description="decoupled weight decay")
-
-
-class MuonConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"lr", "momentum"})  # DeepSpeed's Muon: 5 steps, Nesterov
-    lr: float = Field(0.02, gt=0, description="Muon learning rate (2-D hidden weights)")
-    momentum: float = Field(0.95, ge=0, lt=1, description="Muon momentum")
-    ns_steps: int = Field(5, gt=0, description="Newton-Schulz iterations (DeepSpeed always runs 5)")
-    nesterov: bool = Field(True, description="Nesterov momentum (DeepSpeed always uses it); --<role>.muon.no_nesterov")
-
-
-class OptimizerFields(ConfigBlock):
-    """The optimizer block shared by the actor and the critic."""
-
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"optim", "lr_scheduler", "lr_warmup_ratio", "min_lr_ratio", "max_norm"})
-    optim: Literal["adam", "muon"] = Field("adam", description="optimizer (muon: DeepSpeed's Muon with an aux Adam)")
-    adam: AdamConfig = Field(default_factory=AdamConfig, description="Adam settings (also Muon's auxiliary Adam)")
-    muon: MuonConfig = Field(default_factory=MuonConfig, description="Muon settings (optim=muon)")
-    lr_scheduler: Literal["cosine_with_min_lr", "constant", "linear", "cosine"] = Field(
-        "cosine_with_min_lr", description="learning-rate schedule")
-    lr_warmup_ratio: float = Field(0.03, ge=0, le=1, description="fraction of steps spent warming up")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak lr")
-    max_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: no clipping)")
+from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, MuonConfig,  # noqa: F401 (re-exported)
+                                       OptimizerFields)
 
 
 class ActorConfig(OptimizerFields):
@@ -146,12 +102,13 @@ class LoraConfig(ConfigBlock):
 
 
 LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
+LOGIT_CHUNK_TOKENS = 4096  # --ds.logit_chunk_tokens: × Qwen3's 151,936-entry vocabulary, 5.8 GiB at a chunk's peak
 
 
 class DsConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"zero_stage", "param_dtype", "adam_offload", "enable_sleep", "packing_samples", "use_liger_kernel",
-         "value_head_prefix", "ring_attn_size", "ring_attn_head_stride"})
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"zero_stage", "param_dtype", "adam_offload", "enable_sleep",
+        "packing_samples", "use_liger_kernel", "value_head_prefix", "ring_attn_size", "ring_attn_head_stride",
+        "logit_chunk_tokens"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
     adam_offload: bool = Field(False, description="ZeRO-Offload: optimizer states and step on the host")
@@ -164,6 +121,7 @@ class DsConfig(ConfigBlock):
     ring_attn_size: int = Field(1, gt=0, description="ranks a packed sample is split over (ring attention)")
     ring_attn_head_stride: int = Field(1, gt=0, description="K/V heads a ring all-gather exchanges at a time")
     packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row")
+    logit_chunk_tokens: int = Field(LOGIT_CHUNK_TOKENS, gt=0, description="PROJECT: tokens per vocabulary-head chunk")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")

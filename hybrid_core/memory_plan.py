@@ -19,22 +19,20 @@ CONTEXT_GIB = 0.5  # one CUDA context (measured 0.51 GiB on the H200, CUDA 13, l
 # context on the H200, ZeRO-1/2/3, one rank), on top of CONTEXT_GIB.
 DEEPSPEED_RUNTIME_GIB = 0.8
 ZERO3_SUB_GROUP_PARAMS = 10**9  # DeepSpeed's stage-3 `sub_group_size` default: its optimizer steps one group at a time
-# Bytes per logit (tokens × vocab) at the peak of the policy's forward+backward: bf16 logits gathered at the
-# response positions, their fp32 copy kept for logsumexp's backward, its exp temporary and the fp32 gradient being
-# built (measured 18.1 on the H200 with this project's token_logprobs); an entropy bonus that enters the loss keeps
-# its softmax and adds 6. A no-grad logprob forward holds the full bf16 logits, the gathered copy, the fp32 copy and
-# logsumexp's temporary: 12.
-TRAIN_LOGIT_BYTES = 18
-ENTROPY_LOGIT_BYTES = 6
-FORWARD_LOGIT_BYTES = 12
+# Bytes per logit of one vocabulary-head chunk (`ds.logit_chunk_tokens` tokens × vocab; engines/vocab_head.py, the
+# only logits there are): the chunk's 16-bit logits and two fp32 blocks (their fp32 copy and logsumexp's temporary,
+# or log p and p). The same in a no-grad forward, in the policy's forward and in its per-chunk recompute and backward,
+# with or without an entropy bonus (measured 10.2 on CPU through torch's profiler, bf16 model). The policy's backward
+# also sums the head weight's gradient over the chunks: one more 16-bit vocab × hidden matrix.
+LOGIT_BYTES = 10
 # Per parameter of the rank's partition during DeepSpeed's optimizer step: the fp32 copy of the gradients and
 # torch AdamW's sqrt(v) temporary (measured +8.0 bytes/param over the resident states, ZeRO-2 on the H200).
 # These are two fp32 tensors of the partition's size. Under ZeRO ≤ 2 they come out of PyTorch's cache when the
-# backward freed fp32 logit blocks at least as large (tokens × vocab ≥ the partition's parameters). The cache
-# splits a larger free block, so then the step adds nothing. Measured on the H200: at 8,192 tokens the blocks were
-# smaller and the step added its 8 bytes/param. At 16,384 padded tokens the whole GPU peaked at 73.1 GiB; the
-# plan said 87.5 GiB with the step counted and 85.1 GiB without it; the rest was the experience forward's cache,
-# counted twice (see _trainer_terms): the plan now says 74.7 GiB (+2.1%).
+# backward freed fp32 logit blocks at least as large (a chunk's tokens × vocab ≥ the partition's parameters). The
+# cache splits a larger free block, so then the step adds nothing. Measured on the H200 before the head ran in
+# chunks: at 8,192 tokens the blocks were smaller and the step added its 8 bytes/param. At 16,384 padded tokens the
+# whole GPU peaked at 73.1 GiB; the plan said 87.5 GiB with the step counted and 85.1 GiB without it; the rest was
+# the experience forward's cache, counted twice (see _trainer_terms): the plan then said 74.7 GiB (+2.1%).
 STEP_BYTES = 8
 SYNC_BUFFERS = 2  # weight-sync bucket buffers the actor fills in turn (engines/weight_sync.py BucketBuffers)
 
@@ -99,8 +97,8 @@ class TrainerBytes:
 
 
 def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> TrainerBytes:
-    """Weights, gradients, optimizer states (`optimizer_bytes_per_param`), activations, logits and the optimizer
-    step's temporaries of one rank, for ZeRO stage `ds.zero_stage` over the actor's world size.
+    """Weights, gradients, optimizer states (`optimizer_bytes_per_param`), activations, logits (one head chunk's) and
+    the optimizer step's temporaries of one rank, for ZeRO stage `ds.zero_stage` over the actor's world size.
 
     ZeRO ≥ 1 divides optimizer states, ≥ 2 gradients, 3 weights; `ds.adam_offload` keeps the optimizer on the host.
     `has_logits`: the policy (a vocabulary head, the actor's optimizer); else the critic, whose value head has none
@@ -112,22 +110,24 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     partition = params / world if stage >= 1 else params
     step_params = min(partition, ZERO3_SUB_GROUP_PARAMS) if stage == 3 else partition
     tokens, forward_tokens = ring_tokens(train_tokens(cfg), cfg), ring_tokens(forward_tokens_of(cfg), cfg)
-    logit_bytes = TRAIN_LOGIT_BYTES + (ENTROPY_LOGIT_BYTES if (cfg.actor.entropy_coef or 0) > 0 else 0)
+    chunk = cfg.ds.logit_chunk_tokens  # a ring's rank runs the head over its own share's response tokens only
+    logit_tokens, forward_logit_tokens = min(tokens, chunk), min(forward_tokens, chunk)
     is_checkpointed = cfg.actor.gradient_checkpointing_enable
     activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed)
     if is_checkpointed:  # the backward recomputes one layer at a time
         activations += tokens * shape.layer_bytes_per_token(param_bytes)
     activations += ring_kv_bytes(cfg, shape, tokens, is_checkpointed)
     offloaded = cfg.ds.adam_offload
-    step_from_cache = has_logits and stage < 3 and tokens * shape.vocab_size >= step_params
+    step_from_cache = has_logits and stage < 3 and logit_tokens * shape.vocab_size >= step_params
+    head_gradient_sum = shape.vocab_size * shape.hidden_size * param_bytes
     return TrainerBytes(
         weights=params * param_bytes / (world if stage == 3 else 1) / GIB,
         gradients=params * param_bytes / (world if stage >= 2 else 1) / GIB,
         optimizer=0.0 if offloaded else partition * state_bytes / GIB,
         activations=activations / GIB,
-        logits=tokens * shape.vocab_size * logit_bytes / GIB if has_logits else 0.0,
+        logits=(logit_tokens * shape.vocab_size * LOGIT_BYTES + head_gradient_sum) / GIB if has_logits else 0.0,
         step=0.0 if offloaded or step_from_cache else step_params * STEP_BYTES / GIB,
-        forward=forward_tokens * shape.vocab_size * FORWARD_LOGIT_BYTES / GIB if has_logits else 0.0)
+        forward=forward_logit_tokens * shape.vocab_size * LOGIT_BYTES / GIB if has_logits else 0.0)
 
 
 def optimizer_bytes_per_param(block: OptimizerFields, shape: ModelShape, param_dtype: str) -> float:

@@ -1,4 +1,4 @@
-"""Training losses: the clipped policy loss (PPO, dual clip, GSPO), the clipped value loss, entropy, aggregation.
+"""Training losses: the clipped policy loss (PPO, dual clip, GSPO), the clipped value loss, aggregation.
 
 Owns the per-token loss maths and how per-token terms are reduced to one scalar (a token mean, global across
 micro-batches through `num_tokens`, or a mean over sequences). It does not know about models, optimisers, data
@@ -179,22 +179,6 @@ def value_loss(
     clipped = (clipped_values - returns).square()
     loss = 0.5 * masked_mean(torch.max(clipped, unclipped), mask)
     return loss, {"clip_ratio": masked_mean((clipped > unclipped).float(), mask).item()}
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy H = −Σ_v p_v·log p_v of the softmax over the last dimension.
-
-    Uses `torch.special.entr`, so vocabulary entries masked with −inf contribute 0 instead of NaN.
-
-    Args:
-        logits: (B, T, V) float logits.
-
-    Returns:
-        (B, T) float32 entropy per position.
-    """
-    if logits.dim() < 2:
-        raise ValueError(f"logits must be (..., V) with at least 2 dims: got shape {tuple(logits.shape)}")
-    return torch.special.entr(torch.softmax(logits.float(), dim=-1)).sum(dim=-1)
 
 
 def _check_shape(tensor: Tensor, like: Tensor, name: str, like_name: str = "mask") -> None:

@@ -1,10 +1,10 @@
 """The actor's update for one step: PPO/GSPO micro-batch losses over the step's samples.
 
 Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
-policy's logits, IS-correction weights from the rollout engine's logprobs) and, for an exactly on-policy step, the old
-logprobs from the update's own forward (detached: the ratio is exactly 1, as with a separate forward of the same
-weights, which is then skipped). The loop is `minibatch_updates`; the maths `hybrid_core.algorithms.experience`. It
-knows nothing about Ray or the store.
+policy's vocabulary head in chunks, `vocab_head`; IS-correction weights from the rollout engine's logprobs) and, for
+an exactly on-policy step, the old logprobs from the update's own forward (detached: the ratio is exactly 1, as with
+a separate forward of the same weights, which is then skipped). The loop is `minibatch_updates`; the maths
+`hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from hybrid_core.algorithms.correction import is_weights
 from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatch, actor_objective
-from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.experience_maker import kl_figures
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs, unpad
+from hybrid_core.engines.sequence_batch import unpad
+from hybrid_core.engines.vocab_head import response_token_stats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +40,8 @@ class TrainSamples:
 
 
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
-                         correction: ISCorrection | None, update_logprobs: dict[int, list[float]]):
+                         correction: ISCorrection | None, update_logprobs: dict[int, list[float]],
+                         logit_chunk_tokens: int):
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         adv, mask = take(samples.advantages), batch.response_mask
@@ -49,10 +50,8 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
         rollout = take(samples.rollout_logprobs) if correction is not None else None
 
         def loss_fn(model):
-            logits = response_logits(model, batch)
-            entropy = to_response_layout(entropy_from_logits(logits.float()), batch) \
-                if s.entropy_coef is not None else None
-            logprobs = to_response_layout(token_logprobs(logits, batch.flat_response_ids), batch)
+            logprobs, entropy = response_token_stats(model, batch, logit_chunk_tokens,
+                                                     with_entropy=s.entropy_coef is not None)
             old = stored_old
             if old is None:  # on-policy: the weights that generated the samples are these, so the ratio is exactly 1
                 old = logprobs.detach()
@@ -82,7 +81,11 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
                          f"train.max_epochs {plan.max_epochs}")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
     update_logprobs: dict[int, list[float]] = {}
-    stats = run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction, update_logprobs))
+    build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs,
+                                      plan.batching.logit_chunk_tokens)
+    chunk_tokens = plan.batching.logit_chunk_tokens
+    stats = run_updates(engine, lengths, plan, build_loss,
+                        lambda model, batch: response_token_stats(model, batch, chunk_tokens)[0])
     if not is_on_policy:
         return stats
     old = _every_rank_rows(engine, update_logprobs, len(samples))

@@ -37,4 +37,4 @@ def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip:
         return loss_fn, tokens
 
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
-    return run_updates(engine, lengths, plan, build)
+    return run_updates(engine, lengths, plan, build, response_values)

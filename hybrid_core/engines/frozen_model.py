@@ -1,15 +1,16 @@
 """A frozen causal LM for log-prob forwards (the reference policy), and the HF loading both sides share.
 
 Owns model/tokenizer loading from a local directory, the device and the attention kernel each layout loads with,
-this process's CUDA memory peaks (for the stage metrics), and no-grad micro-batched response logprobs, with the
-weights in host memory between forwards when asked. It knows nothing about training, Ray or where sequences come
-from.
+this process's CUDA memory peaks (for the stage metrics), and no-grad micro-batched response logprobs (through the
+chunked vocabulary head, `vocab_head`), with the weights in host memory between forwards when asked. It knows
+nothing about training, Ray or where sequences come from.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,8 +18,9 @@ import torch
 from hybrid_core.engines.frozen_offload import HostResidentWeights
 from hybrid_core.engines.liger_kernels import apply_fast_kernels
 from hybrid_core.engines.ring_attention import RingGroup, RingSettings, register_ring_attention
-from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
+from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
+from hybrid_core.engines.vocab_head import response_logprobs
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PACKED_ATTENTION_KERNELS = ("varlen", "flex")  # HYBRID_PACKED_ATTENTION: the packed layout's kernel on CUDA
@@ -90,10 +92,11 @@ def load_tokenizer(model_path: str):
 
 def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
                      ring: RingGroup | None = None, agree_on_count=None) -> list[list[float]]:
-    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists (with a `ring`, this rank's
-    chunks of them, gathered; `agree_on_count`: see `batched_response_forward`)."""
-    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching, ring,
-                                    agree_on_count)
+    """Response logprobs of every sample, micro-batched by `batching` (the vocabulary head in chunks of
+    `batching.logit_chunk_tokens` tokens), as ragged lists (with a `ring`, each rank's head runs over its own share
+    of the response tokens; the results are gathered; `agree_on_count`: see `batched_response_forward`)."""
+    logprobs = partial(response_logprobs, chunk_tokens=batching.logit_chunk_tokens)
+    return batched_response_forward(logprobs, model, prompt_ids, response_ids, pad_id, batching, ring, agree_on_count)
 
 
 @dataclass(frozen=True, kw_only=True)

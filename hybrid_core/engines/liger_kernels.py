@@ -3,12 +3,11 @@ loaded model instance: by default on CUDA wherever Liger covers the model type (
 from 32.9% to 45.7% MFU at the 1.7B shape), required with `--ds.use_liger_kernel`.
 
 Owns which Liger patches are applied, the default, its fallback message and the error for a model type Liger does not
-cover when the flag asks for it. The logits path stays
-this project's (`sequence_batch`): Liger's fused linear cross-entropy forward is never installed, so logprobs,
-`logits_to_keep` and entropy behave as without Liger. Liger also patches the model type's module process-wide (its
-rotary function is looked up there at call time), so a process loads its models either all with it or all without.
-Liger needs CUDA (Triton); `plan` refuses the flag on CPU or without the package. It knows nothing about DeepSpeed,
-Ray or RL.
+cover when the flag asks for it. The logits path stays this project's (`vocab_head`, the head in chunks): Liger's
+fused linear cross-entropy forward is never installed, so logprobs and entropy behave as without Liger. Liger also
+patches the model type's module process-wide (its rotary function is looked up there at call time), so a process
+loads its models either all with it or all without. Liger needs CUDA (Triton); `plan` refuses the flag on CPU or
+without the package. It knows nothing about DeepSpeed, Ray or RL.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import (MicroBatching, make_sequence_batch, model_inputs, on_ring, pad,
+from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, on_ring, pad,
                                                 placeholder_batch, split_micro_batches)
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
@@ -55,6 +55,7 @@ def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]
 
 
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)
+PerTokenForward = Callable[[torch.nn.Module, SequenceBatch], torch.Tensor]  # (model, batch) → (B, T) results
 
 
 def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batching: MicroBatching, group: int,
@@ -69,24 +70,20 @@ def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batchin
     return cuts[group] + [[] for _ in range(most - len(cuts[group]))]
 
 
-def _no_samples_loss(engine: DeepSpeedTrainEngine, is_packed: bool) -> Callable:
-    """An empty micro-batch's loss: zero, from a forward of the one-token placeholder sample. The forward gathers
-    ZeRO-3's partitioned weights as the other ranks' forwards do, and every parameter a forward uses gets its (zero)
-    gradient, so DeepSpeed's gradient reduction runs as on the other ranks."""
+def _no_samples_loss(engine: DeepSpeedTrainEngine, per_token_fn: PerTokenForward, is_packed: bool) -> Callable:
+    """An empty micro-batch's loss: zero, from the role's own per-token forward of the one-token placeholder sample.
+    It runs the collectives a real micro-batch does (ZeRO-3's weight gathers, the chunked head's agreed chunk count, a
+    ring's exchanges), and every parameter a forward uses gets its (zero) gradient, so DeepSpeed's gradient reduction
+    runs as on the other ranks."""
     device = next(engine.module.parameters()).device
     batch = on_ring(placeholder_batch(engine.pad_id, is_packed).to(device), engine.ring, engine.pad_id)
-
-    def loss_fn(model) -> tuple[torch.Tensor, dict]:
-        out = model(**model_inputs(batch))
-        values = out if isinstance(out, torch.Tensor) else out.logits  # a value model's values, a policy's logits
-        return values.float().sum() * 0.0, {}
-
-    return loss_fn
+    return lambda model: (per_token_fn(model, batch).float().sum() * 0.0, {})
 
 
 def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], plan: BatchPlan,
-                build_loss: LossBuilder) -> dict:
+                build_loss: LossBuilder, per_token_fn: PerTokenForward) -> dict:
     """Run every optimizer step of the step's samples; returns per-step losses and token-weighted stat means.
+    `per_token_fn(model, batch) -> (B, T)` is the forward the role's loss runs (a placeholder micro-batch runs it).
 
     `lengths`: (prompt tokens, response tokens) of each sample. Data-parallel ranks (`engine.world_size` > 1) each
     pass every sample and the same seed: they shuffle alike, and each trains on its share of every optimizer step
@@ -107,7 +104,8 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
             for m, indices in enumerate(micro_batches):
                 is_boundary = m == len(micro_batches) - 1
                 if not indices:
-                    last |= engine.train_micro_batch(_no_samples_loss(engine, plan.batching.is_packed), is_boundary)
+                    placeholder = _no_samples_loss(engine, per_token_fn, plan.batching.is_packed)
+                    last |= engine.train_micro_batch(placeholder, is_boundary)
                     continue
                 sequence_share = sum(lengths[i][1] > 0 for i in indices) / num_sequences
                 share = MicroBatchShare(indices, num_tokens, sequence_share, plan.batching.is_packed)

@@ -1,14 +1,14 @@
-"""Prompt+response batches in two layouts, the micro-batching of a sample list, and per-token response logprobs.
+"""Prompt+response batches in two layouts, the micro-batching of a sample list, and no-grad per-token forwards.
 
 Owns the layout shared by the actor, reference and critic forwards. Padded: one right-padded row per sample.
 Packed (`ds.packing_samples`): the samples back to back in one row, positions restarting at 0 for each, no attention
 mask, and the samples' boundaries (`cu_seq_lens`) for the varlen kernel; the other kernels find the boundaries from the
 positions (`masking_utils.find_packed_sequence_indices`). Either way tokens attend within their own sample only.
 Response tensors are (B, T) with T the longest response, left-aligned, masked by `response_mask`, in both layouts;
-logits are taken at the N response positions only (`response_logits`). With ring attention (`on_ring`) a packed
-batch carries this rank's share (`ring_batch.RingShard`): the model sees the rank's chunk, the response positions
-and labels are the chunk's, and `to_response_layout` gathers the ring's results into the whole (B, T). It knows
-nothing about DeepSpeed, vLLM or where the sequences came from.
+the N response positions (`response_positions`) are where a head's outputs are taken (`vocab_head` for logprobs).
+With ring attention (`on_ring`) a packed batch carries this rank's share (`ring_batch.RingShard`): the model sees the
+rank's chunk, the response positions and labels are the chunk's, and `to_response_layout` gathers the ring's results
+into the whole (B, T). It knows nothing about DeepSpeed, vLLM or where the sequences came from.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from hybrid_core.config import LOGIT_CHUNK_TOKENS
 from hybrid_core.engines.ring_attention import RingGroup
 from hybrid_core.engines.ring_batch import RingShard, shard_packed_row
 
@@ -61,11 +62,13 @@ class MicroBatching:
 
     `max_tokens` None: `num_samples` samples per micro-batch. Otherwise (dynamic batching) a token budget: see
     `split_micro_batches`. `is_packed`: one unpadded row per micro-batch instead of one padded row per sample.
+    `logit_chunk_tokens`: response tokens the vocabulary head sees at a time (`vocab_head`; value heads ignore it).
     """
 
     num_samples: int
     max_tokens: int | None = None
     is_packed: bool = False
+    logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS
 
 
 def make_sequence_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,
@@ -153,21 +156,6 @@ def model_inputs(batch: SequenceBatch) -> dict:
     return inputs
 
 
-def response_logits(model, batch: SequenceBatch) -> torch.Tensor:
-    """Logits (N, V) at the N positions that predict a response token (`batch.response_positions`). Packed, the
-    vocabulary head runs on those positions only (`logits_to_keep`), not on prompts; padded, on every position."""
-    if batch.attention_mask is None:
-        return model(**model_inputs(batch), logits_to_keep=batch.response_positions).logits[0]
-    return model(**model_inputs(batch)).logits.flatten(0, 1)[batch.response_positions]
-
-
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[token] in fp32 without materialising the whole log-softmax twice: (…, V) → (…)."""
-    logits = logits.float()
-    picked = torch.gather(logits, -1, token_ids.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
 def to_response_layout(values: torch.Tensor, batch: SequenceBatch) -> torch.Tensor:
     """(N,) per-response-token values → (B, T), zero where `response_mask` is 0 (differentiable). On a ring, this
     rank's (n,) values: the ring's are gathered first, so every rank gets the whole (B, T)."""
@@ -175,11 +163,6 @@ def to_response_layout(values: torch.Tensor, batch: SequenceBatch) -> torch.Tens
         values = batch.ring.gather(values)
     mask = batch.response_mask.bool()
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
-
-
-def response_logprobs(model, batch: SequenceBatch) -> torch.Tensor:
-    """Per-token logprobs (B, T) of the response tokens, zero where `response_mask` is 0."""
-    return to_response_layout(token_logprobs(response_logits(model, batch), batch.flat_response_ids), batch)
 
 
 def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:

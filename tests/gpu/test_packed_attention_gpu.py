@@ -46,7 +46,8 @@ def _samples():
 
 
 def _logprobs_and_grads(model, is_packed: bool, weights):
-    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+    from hybrid_core.engines.sequence_batch import make_sequence_batch
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     prompts, responses = _samples()
     model.zero_grad()
@@ -76,7 +77,8 @@ def test_packed_equals_padded_fp32(tiny_dir, kernel, monkeypatch):
         torch.testing.assert_close(packed_grads[name], g, rtol=0, atol=1e-4 * max(1.0, float(g.abs().max())),
                                    msg=name)
 
-    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+    from hybrid_core.engines.sequence_batch import make_sequence_batch
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     prompts, responses = _samples()  # control: one sequence of the whole row: the per-sample boundaries matter
     leaked_batch = make_sequence_batch(prompts, responses, 0, is_packed=True).to("cuda")

@@ -95,7 +95,7 @@ def nccl_world_of_one(torch_cuda):
 
 
 def _logprobs_and_grads(torch, model, batch, weights):
-    from hybrid_core.engines.sequence_batch import response_logprobs
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     model.zero_grad()
     logprobs = response_logprobs(model, batch)

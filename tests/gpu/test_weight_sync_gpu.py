@@ -12,7 +12,8 @@ pytestmark = pytest.mark.gpu
 
 def sft_loss(prompt: list[int], response: list[int]):
     """The negative mean logprob of `response` after `prompt`, as a DeepSpeed micro-batch loss."""
-    from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+    from hybrid_core.engines.sequence_batch import make_sequence_batch
+    from hybrid_core.engines.vocab_head import response_logprobs
 
     def loss_fn(model):
         batch = make_sequence_batch([prompt], [response], 0).to("cuda")

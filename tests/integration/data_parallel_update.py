@@ -1,7 +1,9 @@
 """Policy updates with DeepSpeed on CPU, run by `torchrun` at 1 or 2 ranks (test_data_parallel_updates.py): one
 update for each layout named on the command line, each from freshly loaded weights. A layout is
-`<ZeRO stage>-<padded|packed>[-offload][-muon]`: `offload` keeps the optimizer on the host (`ds.adam_offload`),
-`muon` trains with DeepSpeed's Muon (lr 0.02, no clipping) instead of AdamW.
+`<ZeRO stage>-<padded|packed>[-tied][-chunk<C>][-offload][-muon]`: `tied` trains the model with tied embeddings
+(the second model directory), `chunk<C>` runs the vocabulary head C response tokens at a time (default: all of them
+in one chunk), `offload` keeps the optimizer on the host (`ds.adam_offload`), `muon` trains with DeepSpeed's Muon
+(lr 0.02, no clipping) instead of AdamW.
 
 Every rank gets the same 8 samples and seed; rank 0 writes the update (parameter deltas) and the returned statistics
 to the output file. Adam's eps is so large that its first step is lr·g/(|g| + eps) ≈ the gradient itself, so the
@@ -9,9 +11,9 @@ deltas of two runs compare like their gradients (Adam near eps → 0 would turn 
 ZeRO-3 the ranks first take the samples' logprobs in uneven shares (rank 0 one sample, rank 1 seven: one forward
 against four), which only complete when the ranks run their forwards in lockstep. A Muon layout also writes the
 step's exact gradients, from the same update replayed in plain PyTorch.
-The layout "ring" runs ring attention: at 2 ranks one ring of 2 (`ds.ring_attn_size 2`), each rank computing half of
-every packed row, at 1 rank the same work whole; it also writes the policy's logprobs, a value model's values and
-the critic's update.
+The layout `ring[-chunk<C>]` runs ring attention: at 2 ranks one ring of 2 (`ds.ring_attn_size 2`), each rank
+computing half of every packed row (its vocabulary head in chunks of C of its own response tokens), at 1 rank the
+same work whole; it also writes the policy's logprobs, a value model's values and the critic's update.
 """
 from __future__ import annotations
 
@@ -81,7 +83,8 @@ def uneven_share_logprobs(engine, batching) -> list[list[float]] | None:
     return [row for part in parts for row in part] if engine.rank == 0 else None
 
 
-def update(model_dir: str, out_path: str, zero_stage: int, packed: bool, options: list[str]) -> None:
+def update(model_dir: str, out_path: str, zero_stage: int, packed: bool, chunk_tokens: int,
+           options: list[str]) -> None:
     from hybrid_core.algorithms.experience import ActorLossSettings
     from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
     from hybrid_core.engines.actor_trainer import fit_actor
@@ -98,7 +101,8 @@ def update(model_dir: str, out_path: str, zero_stage: int, packed: bool, options
                         max_tokens_per_gpu=16)
     engine = DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
     before = full_parameters(engine.module, zero_stage == 3)
-    batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed)
+    batching = MicroBatching(num_samples=2, max_tokens=16 if packed else None, is_packed=packed,
+                             logit_chunk_tokens=chunk_tokens)
     logprobs = uneven_share_logprobs(engine, batching) if zero_stage == 3 else None
     plan = BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3)
     stats = fit_actor(engine, samples(), ActorLossSettings(kl_coef=0.0), plan)
@@ -123,10 +127,10 @@ def optimizer_state_devices(engine) -> list[str]:
     return sorted({t.device.type for t in [*masters, *states]})
 
 
-def ring(model_dir: str, out_path: str) -> None:
-    """Layout "ring": logprobs and values (no-grad forwards), then a GSPO update with an entropy bonus (sequence-
-    level ratios and per-token entropies both span the ranks' chunks) and a critic update, all on packed
-    micro-batches of at most 16 tokens split over the ring."""
+def ring(model_dir: str, out_path: str, chunk_tokens: int) -> None:
+    """Layout "ring[-chunk<C>]": logprobs and values (no-grad forwards), then a GSPO update with an entropy bonus
+    (sequence-level ratios and per-token entropies both span the ranks' chunks) and a critic update, all on packed
+    micro-batches of at most 16 tokens split over the ring, the vocabulary head `chunk_tokens` tokens at a time."""
     from hybrid_core.algorithms.experience import ActorLossSettings
     from hybrid_core.config import ActorConfig, CriticConfig, DsConfig, TrainConfig
     from hybrid_core.engines.actor_trainer import fit_actor
@@ -144,7 +148,7 @@ def ring(model_dir: str, out_path: str) -> None:
                   ring_attn_size=int(os.environ.get("WORLD_SIZE", "1")))
     train = TrainConfig(batch_size=8, micro_batch_size=2, device="cpu", dynamic_batch_enable=True,
                         max_tokens_per_gpu=16)
-    batching = MicroBatching(num_samples=2, max_tokens=16, is_packed=True)
+    batching = MicroBatching(num_samples=2, max_tokens=16, is_packed=True, logit_chunk_tokens=chunk_tokens)
     plan = BatchPlan(batch_size=8, batching=batching, max_epochs=1, seed=3)
     policy = DeepSpeedTrainEngine(load_policy(model_dir, actor, ds), actor, ds, train, 10, pad_id=0)
     data = samples()
@@ -169,20 +173,25 @@ def ring(model_dir: str, out_path: str) -> None:
                     "ring_size": ds.ring_attn_size}, out_path)
 
 
-def main(model_dir: str, out_dir: str, layouts: list[str]) -> None:
+def main(model_dir: str, tied_model_dir: str, out_dir: str, layouts: list[str]) -> None:
     """One update per layout (see the module docstring), one engine after another in this process: rank 0 writes
     `<out_dir>/<layout>.pt`."""
     import torch.distributed as dist
 
+    from hybrid_core.config import LOGIT_CHUNK_TOKENS
+
     for layout in layouts:
-        if layout == "ring":
-            ring(model_dir, f"{out_dir}/{layout}.pt")
+        kind, *options = layout.split("-")
+        chunks = [int(option.removeprefix("chunk")) for option in options if option.startswith("chunk")]
+        chunk_tokens = chunks[0] if chunks else LOGIT_CHUNK_TOKENS
+        if kind == "ring":
+            ring(model_dir, f"{out_dir}/{layout}.pt", chunk_tokens)
             continue
-        zero_stage, batching, *options = layout.split("-")
-        update(model_dir, f"{out_dir}/{layout}.pt", int(zero_stage), batching == "packed", options)
+        update(tied_model_dir if "tied" in options else model_dir, f"{out_dir}/{layout}.pt", int(kind),
+               options[0] == "packed", chunk_tokens, options[1:])
     dist.barrier()  # an orderly teardown: a rank leaving while the group's threads run aborts ("terminate called")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])

@@ -230,7 +230,7 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 180  # 177 fields + the negations of the true-by-default booleans:
+    assert len(names) == 181  # 178 fields + the negations of the true-by-default booleans:
     # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]
     assert {"--vllm.enable_sleep", "--critic.muon.no_nesterov", "--logger.wandb.project", "--use_ms",

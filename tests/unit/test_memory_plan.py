@@ -15,6 +15,8 @@ H200_GIB = 139.8
 # 50,336,000; 28 layers 1,409,408,000; final norm 2,048. Tied: 1,720,574,976 (transformers counts the same).
 QWEN3_1_7B_PARAMS = 1_720_574_976
 QWEN3_1_7B_UNTIED = QWEN3_1_7B_PARAMS + 311_164_928
+# The head weight's gradient summed over the vocabulary-head chunks: 151936 · 2048 · 2 bytes = 0.57958984375 GiB
+HEAD_GRADIENT_SUM = 0.57958984375
 
 
 def config(world: int = 1, **blocks) -> RunConfig:
@@ -102,27 +104,47 @@ def test_muon_keeps_one_momentum_buffer_for_each_hidden_matrix():
 
 def test_activations_and_logits_by_hand():
     # 2048 tokens, bf16, no checkpointing: per layer 12·2048 + 14·2048 + 12·1024 + 8·6144 = 114,688 bytes/token,
-    # × 28 layers × 2048 tokens = 6.125 GiB; logits 2048 · 151936 · 18 bytes = 5.2163 GiB
+    # × 28 layers × 2048 tokens = 6.125 GiB; logits: one chunk of min(2048, 4096) tokens, 2048 · 151936 · 10 bytes
+    # = 2.8979 GiB, and the head's gradient sum
     b = trainer_bytes(config(), model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
-    assert (b.activations, b.logits) == pytest.approx((6.125, 5.21630859375), rel=0, abs=1e-9)
+    assert (b.activations, b.logits) == pytest.approx((6.125, 2.89794921875 + HEAD_GRADIENT_SUM), rel=0, abs=1e-9)
     # checkpointed: the 28 layer inputs (2048 · 2 bytes each) + one recomputed layer (114,688 bytes) per token
     cp = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "gradient_checkpointing_enable": True}),
                        model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
     assert cp.activations == pytest.approx(2048 * (28 * 4096 + 114_688) / GIB, rel=0, abs=1e-9)
-    # an entropy bonus in the loss keeps the softmax: 24 bytes per logit
+    # an entropy bonus in the loss uses the same two fp32 blocks of the chunk (log p and p)
     ent = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "entropy_coef": 0.01}),
                         model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
-    assert ent.logits == pytest.approx(2048 * 151936 * 24 / GIB, rel=0, abs=1e-9)
+    assert ent.logits == b.logits
+
+
+def test_logits_grow_with_the_chunk_not_the_micro_batch():
+    shape = model_shape("Qwen/Qwen3-1.7B")
+
+    def logits_of(micro_batch_size: int, chunk_tokens: int) -> tuple[float, float]:
+        cfg = config(train={"colocate_all": True, "micro_batch_size": micro_batch_size},
+                     rollout={"micro_batch_size": micro_batch_size}, ds={"logit_chunk_tokens": chunk_tokens})
+        b = trainer_bytes(cfg, shape, has_logits=True)
+        return b.logits, b.forward
+
+    # 8 × 2048 = 16,384 tokens in chunks of 4,096 (the default): 4096 · 151936 · 10 bytes = 5.7959 GiB, and the
+    # no-grad forward the same without the gradient sum; 36 samples of 2,048 tokens (73,728) change nothing
+    assert logits_of(8, 4096) == pytest.approx((5.7958984375 + HEAD_GRADIENT_SUM, 5.7958984375), rel=0, abs=1e-9)
+    assert logits_of(36, 4096) == logits_of(8, 4096)
+    # chunks of 1,024 tokens: a quarter; a chunk larger than the micro-batch: the micro-batch (2,048 tokens)
+    assert logits_of(8, 1024)[1] == pytest.approx(5.7958984375 / 4, rel=0, abs=1e-9)
+    assert logits_of(1, 65536)[1] == pytest.approx(2.89794921875, rel=0, abs=1e-9)
 
 
 def test_dynamic_batch_counts_the_budget_or_one_longer_sample():
     shape = model_shape("Qwen/Qwen3-1.7B")
     budget = trainer_bytes(config(train={"colocate_all": True, "dynamic_batch_enable": True,
                                          "max_tokens_per_gpu": 8192}), shape, has_logits=True)
-    assert budget.logits == pytest.approx(8192 * 151936 * 18 / GIB, rel=0, abs=1e-9)
+    assert budget.activations == pytest.approx(8192 * 28 * 114_688 / GIB, rel=0, abs=1e-9)
     long = trainer_bytes(config(train={"colocate_all": True, "dynamic_batch_enable": True,
                                        "max_tokens_per_gpu": 1024}), shape, has_logits=True)
-    assert long.logits == pytest.approx(2048 * 151936 * 18 / GIB, rel=0, abs=1e-9)  # a 2048-token sample alone
+    assert long.activations == pytest.approx(2048 * 28 * 114_688 / GIB, rel=0, abs=1e-9)  # a 2048-token sample
+    assert long.logits == pytest.approx(2048 * 151936 * 10 / GIB + HEAD_GRADIENT_SUM, rel=0, abs=1e-9)
 
 
 def test_sleep_leaves_vllm_setting_the_peak_in_the_rollout_phase():
@@ -145,8 +167,9 @@ def test_sleep_with_a_small_reservation_leaves_deepspeed_setting_the_peak():
                                   ds={"enable_sleep": True}, train={"colocate_all": True, "micro_batch_size": 8},
                                   actor={"gradient_checkpointing_enable": True}), H200_GIB)
     assert plan.peak_phase.name == "train"
-    assert plan.largest_term.name == "actor logits"  # 8 · 2048 · 151936 · 18 bytes = 41.73 GiB
-    assert plan.largest_term.gib == pytest.approx(8 * 5.21630859375, rel=0, abs=1e-9)
+    # 1.72e9 parameters · 12 bytes; the logits are one 4,096-token chunk's (6.38 GiB), not 8 · 2048 tokens'
+    assert plan.largest_term.name == "actor optimizer states"
+    assert plan.largest_term.gib == pytest.approx(19.2289237976, rel=0, abs=1e-9)
 
 
 def test_without_sleep_every_term_adds_up():
@@ -154,22 +177,23 @@ def test_without_sleep_every_term_adds_up():
     rollout, _, train = plan.phases
     assert rollout.total_gib == pytest.approx(train.total_gib, rel=0, abs=1e-9)  # nothing leaves the GPU
     assert plan.peak_phase.name == "train"
-    # 69.9 vLLM + 3.2048 weights + 3.2048 grads + 19.2289 optimizer + 6.125 activations + 5.2163 logits
-    # + 12.8193 step + 1.0 contexts + 0.8 DeepSpeed buffers + 1.1592 sync buffers
-    expected = 69.9 + 3.2048206329 * 2 + 19.2289237976 + 6.125 + 5.21630859375 + 12.8192825317 + 1.0 + 0.8 \
-        + 1.1591796875
+    # 69.9 vLLM + 3.2048 weights + 3.2048 grads + 19.2289 optimizer + 6.125 activations + 2.8979 logits + 0.5796
+    # head gradient sum + 12.8193 step + 1.0 contexts + 0.8 DeepSpeed buffers + 1.1592 sync buffers
+    expected = 69.9 + 3.2048206329 * 2 + 19.2289237976 + 6.125 + 2.89794921875 + HEAD_GRADIENT_SUM \
+        + 12.8192825317 + 1.0 + 0.8 + 1.1591796875
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
 
 
 def test_the_cached_experience_forward_adds_only_what_the_train_phase_does_not_reallocate():
     def forward_term(sleeps: bool) -> float:
-        cfg = config(vllm={"num_engines": 1, "enable_sleep": sleeps}, ds={"enable_sleep": sleeps},
+        cfg = config(vllm={"num_engines": 1, "enable_sleep": sleeps}, ds={"enable_sleep": sleeps,
+                                                                          "logit_chunk_tokens": 32768},
                      rollout={"micro_batch_size": 16}, train={"colocate_all": True, "micro_batch_size": 1})
         return terms(estimate_memory(cfg, H200_GIB).phases[2]).get("actor logprob forward", 0.0)
 
-    # forward 16 · 2048 · 151,936 · 12 bytes = 55.6406 GiB; the train step reallocates activations 6.125, logits
-    # 5.2163 and the step's temporaries 12.8193 (2,048 · 151,936 logits < 1.72e9 parameters)
-    awake_beyond = 55.640625 - 6.125 - 5.21630859375 - 12.8192825317
+    # chunks of 32,768 tokens: forward 16 · 2048 · 151,936 · 10 bytes = 46.3672 GiB; the train step reallocates
+    # activations 6.125, logits 2.8979 + 0.5796 and the step's temporaries 12.8193 (2,048 · 151,936 < 1.72e9)
+    awake_beyond = 46.3671875 - 6.125 - 2.89794921875 - HEAD_GRADIENT_SUM - 12.8192825317
     assert forward_term(False) == pytest.approx(awake_beyond, rel=0, abs=1e-8)
     # asleep, the woken gradients (3.2048) and optimizer states (19.2289) come out of the same cache
     assert forward_term(True) == pytest.approx(awake_beyond - 3.2048206329 - 19.2289237976, rel=0, abs=1e-8)
@@ -181,11 +205,11 @@ def test_reference_and_critic_are_counted_where_they_live():
     assert [p.name for p in plan.phases] == ["rollout", "experience", "train", "critic train"]
     rollout = terms(plan.phases[0])
     assert rollout["ref weights"] == pytest.approx(3.2048206329, rel=0, abs=1e-9)
-    # no-grad forward of 2048 tokens: 2048 · 151936 · 12 bytes = 3.4775 GiB, only where it runs (the ref worker
-    # empties PyTorch's cache afterwards)
+    # no-grad forward of 2048 tokens (one chunk): 2048 · 151936 · 10 bytes = 2.8979 GiB, only where it runs (the
+    # ref worker empties PyTorch's cache afterwards)
     assert "ref logprob forward" not in rollout
     experience = terms(plan.phases[1])
-    assert experience["ref logprob forward"] == pytest.approx(2048 * 151936 * 12 / GIB, rel=0, abs=1e-9)
+    assert experience["ref logprob forward"] == pytest.approx(2048 * 151936 * 10 / GIB, rel=0, abs=1e-9)
     assert rollout["CUDA contexts"] == 2.0  # actor, vLLM, ref and critic processes
     assert rollout["DeepSpeed NCCL/cuBLAS buffers"] == pytest.approx(1.6)
     critic_train = terms(plan.phases[3])
@@ -266,14 +290,18 @@ def test_optimizer_step_reuses_freed_logit_blocks_when_they_are_as_large():
     shape = model_shape("Qwen/Qwen3-1.7B")
     one_gpu_step = QWEN3_1_7B_PARAMS * 8 / GIB  # the fp32 gradient copy and Adam's temporary: 2 × 4 bytes/param
 
-    def step_of(micro_batch_size: int, stage: int = 2, has_logits: bool = True) -> float:
-        cfg = config(train={"colocate_all": True, "micro_batch_size": micro_batch_size}, ds={"zero_stage": stage})
+    def step_of(micro_batch_size: int, stage: int = 2, has_logits: bool = True, chunk: int = 16384) -> float:
+        cfg = config(train={"colocate_all": True, "micro_batch_size": micro_batch_size},
+                     ds={"zero_stage": stage, "logit_chunk_tokens": chunk})
         return trainer_bytes(cfg, shape, has_logits=has_logits).step
 
-    # 8 × 2048 = 16,384 tokens × 151,936 = 2.49e9 logits ≥ 1.72e9 parameters: an fp32 logit block holds each temporary
+    # a chunk of 8 × 2048 = 16,384 tokens × 151,936 = 2.49e9 logits ≥ 1.72e9 parameters: an fp32 logit block holds
+    # each temporary
     assert step_of(8) == 0.0
     # 4 × 2048 = 8,192 tokens × 151,936 = 1.24e9 < 1.72e9: the temporaries need memory of their own
     assert step_of(4) == pytest.approx(one_gpu_step, rel=0, abs=1e-9)
+    # 16,384 tokens in the default chunks of 4,096: 0.62e9 logits a block, too small
+    assert step_of(8, chunk=4096) == pytest.approx(one_gpu_step, rel=0, abs=1e-9)
     assert step_of(8, stage=3) == pytest.approx(8e9 / GIB, rel=0, abs=1e-9)  # ZeRO-3: not seen to reuse; counted
     assert step_of(8, has_logits=False) == pytest.approx(one_gpu_step, rel=0, abs=1e-9)  # a value head frees little
 
@@ -286,11 +314,13 @@ def test_the_deepspeed_peak_benchmark_configuration_by_hand():
                      "--actor.model_name_or_path", "Qwen/Qwen3-1.7B"])
     plan = estimate_memory(cfg, H200_GIB)
     # train phase, 4 × 4096 = 16,384 padded tokens, checkpointed: weights and gradients 3.2048 each, optimizer
-    # 19.2289, activations 16,384 · (28 · 4096 + 114,688) bytes = 3.5 GiB, logits 16,384 · 151,936 · 18 bytes
-    # = 41.7305 GiB, no step (reused), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The actor's
-    # experience forward (8 · 4096 tokens · 151,936 · 12 bytes = 55.6406 GiB) left its blocks in the cache, and the
-    # train phase reallocates more than that from it (woken gradients and optimizer states, activations, logits:
-    # 3.2048 + 19.2289 + 3.5 + 41.7305 = 67.66 GiB), so it adds nothing.
-    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 41.73046875 + 1.0 + 0.8 + 2.0
+    # 19.2289, activations 16,384 · (28 · 4096 + 114,688) bytes = 3.5 GiB, logits of a 4,096-token chunk
+    # 4,096 · 151,936 · 10 bytes = 5.7959 GiB and the head's gradient sum 0.5796, the step 12.8193 (a chunk's
+    # 0.62e9 logits < 1.72e9 parameters), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The
+    # actor's experience forward (a 4,096-token chunk: 5.7959 GiB) left its blocks in the cache, and the train phase
+    # reallocates more than that from it, so it adds nothing. vLLM's 0.3 · 139.8 = 41.94 GiB sets the rollout phase
+    # (48.94 GiB) below it.
+    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 5.7958984375 + HEAD_GRADIENT_SUM + 12.8192825317 + 1.0 \
+        + 0.8 + 2.0
     assert plan.peak_phase.name == "train"
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)

@@ -116,18 +116,25 @@ def test_a_ring_shares_the_same_rows_and_its_first_rank_answers(monkeypatch):
 
 
 def test_a_ring_divides_activations_and_logits_and_adds_the_gathered_keys():
-    # Qwen3-1.7B, 2048-token micro-batches, bf16: without a ring 6.125 GiB of activations (see test_memory_plan)
-    # and 2048 · 151936 · 18 bytes of logits; a ring of 2 computes 1024 tokens a rank, and each of the 28 layers
-    # keeps the row's gathered keys and values: 2 · 1024 tokens · 2 · (8 K/V heads · 128) · 2 bytes
+    # Qwen3-1.7B, 2048-token micro-batches, bf16: without a ring 6.125 GiB of activations (see test_memory_plan);
+    # a ring of 2 computes 1024 tokens a rank, and each of the 28 layers keeps the row's gathered keys and values:
+    # 2 · 1024 tokens · 2 · (8 K/V heads · 128) · 2 bytes. A rank's vocabulary head runs over its own 1024 tokens:
+    # one chunk of min(1024, 4096), 1024 · 151936 · 10 bytes, plus the head's gradient sum 151936 · 2048 · 2 bytes
+    # in the update; with chunks of 512 tokens, 512 of them.
     shape = model_shape("Qwen/Qwen3-1.7B")
     base = {"actor": {"model_name_or_path": "Qwen/Qwen3-1.7B"}, "data": {"max_len": 2048},
             "algo": {"advantage": {"estimator": "reinforce"}, "kl": {"init_coef": 0.0}}}
-    ring = trainer_bytes(RunConfig.model_validate(base | {"ds": {"ring_attn_size": 2, "packing_samples": True}}),
-                         shape, has_logits=True)
+    ds = {"ring_attn_size": 2, "packing_samples": True}
+    ring = trainer_bytes(RunConfig.model_validate(base | {"ds": ds}), shape, has_logits=True)
     gathered = 28 * 2 * 1024 * 2 * 1024 * 2 / GIB
+    head_gradient_sum = 151936 * 2048 * 2 / GIB
     assert ring.activations == pytest.approx(6.125 / 2 + gathered, rel=0, abs=1e-9)
-    assert ring.logits == pytest.approx(1024 * 151936 * 18 / GIB, rel=0, abs=1e-9)
-    assert ring.forward == pytest.approx(1024 * 151936 * 12 / GIB, rel=0, abs=1e-9)
+    assert ring.logits == pytest.approx(1024 * 151936 * 10 / GIB + head_gradient_sum, rel=0, abs=1e-9)
+    assert ring.forward == pytest.approx(1024 * 151936 * 10 / GIB, rel=0, abs=1e-9)
+    small_chunks = trainer_bytes(RunConfig.model_validate(base | {"ds": ds | {"logit_chunk_tokens": 512}}),
+                                 shape, has_logits=True)
+    assert small_chunks.logits == pytest.approx(512 * 151936 * 10 / GIB + head_gradient_sum, rel=0, abs=1e-9)
+    assert small_chunks.forward == pytest.approx(512 * 151936 * 10 / GIB, rel=0, abs=1e-9)
 
 
 def test_a_token_budget_is_a_gpus_so_a_ring_micro_batch_holds_ring_size_times_it(model_dir):

@@ -1,4 +1,4 @@
-"""Unit tests for hybrid_core.algorithms.losses: aggregation, policy loss (PPO/dual clip/GSPO), value loss, entropy."""
+"""Unit tests for hybrid_core.algorithms.losses: aggregation, policy loss (PPO/dual clip/GSPO), value loss."""
 
 import math
 
@@ -8,7 +8,6 @@ import torch
 from hybrid_core.algorithms.losses import (
     aggregate_sequence_loss,
     aggregate_token_loss,
-    entropy_from_logits,
     masked_mean,
     policy_loss,
     value_loss,
@@ -252,28 +251,3 @@ def test_value_loss_rejects_bad_arguments():
         value_loss(VALUES, OLD_VALUES, RETURNS[:, :2], mask)
     with pytest.raises(ValueError, match=r"old_values must have the shape of values: got \(3,\)"):
         value_loss(VALUES, OLD_VALUES[0], RETURNS, mask)
-
-
-def test_entropy_by_hand():
-    # uniform over 4: ln 4 = 1.3862943611
-    # p = [1/4, 3/4] (logits [0, ln 3]): −(0.25·ln 0.25 + 0.75·ln 0.75) = 0.3465735903 + 0.2157615544 = 0.5623351447
-    # logits [0, −inf, −inf]: p = [1, 0, 0] → 0, no NaN from 0·log 0
-    _close(entropy_from_logits(torch.zeros(1, 1, 4)), [[1.3862943611]])
-    _close(entropy_from_logits(torch.tensor([[[0.0, math.log(3.0)]]])), [[0.5623351447]])
-    _close(entropy_from_logits(torch.tensor([[[0.0, -math.inf, -math.inf]]])), [[0.0]])
-
-
-def test_entropy_matches_a_reference_loop():
-    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(17))
-    expected = torch.zeros(2, 3)
-    for b in range(2):
-        for t in range(3):
-            exps = [math.exp(x) for x in logits[b, t].tolist()]
-            probs = [e / sum(exps) for e in exps]
-            expected[b, t] = -sum(p * math.log(p) for p in probs)
-    _close(entropy_from_logits(logits), expected)
-
-
-def test_entropy_rejects_a_vector():
-    with pytest.raises(ValueError, match=r"logits must be \(..., V\) with at least 2 dims: got shape \(4,\)"):
-        entropy_from_logits(torch.zeros(4))

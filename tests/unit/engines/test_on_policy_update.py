@@ -1,8 +1,9 @@
 """Unit tests of the on-policy update: when one optimizer step over one epoch trains the step's samples, the old
 logprobs are the update's own forward (detached) instead of a separate no-grad forward of the same weights, and the
 result is the same: bit for bit on CPU in the padded layout (a row's logprobs do not depend on the other rows of its
-micro-batch), to fp32 rounding when packed (the forward's and the update's packed rows hold other samples, so the
-attention sums run over other lengths: 4e-8 at most on these weights, whose step moves them by 1e-3 to 6e-2).
+micro-batch; the vocabulary head's chunks run over a fixed row count on CPU, `vocab_head._head_rows`), to fp32
+rounding when packed (the forward's and the update's packed rows hold other samples, so the attention sums run over
+other lengths: 4e-8 at most on these weights, whose step moves them by 1e-3 to 6e-2).
 
 The engine is `TorchTrainEngine` (DeepSpeedTrainEngine's train surface in plain torch); the separate forward is the
 advantage stage's own (`batched_logprobs`, with its own micro-batches).

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, micro_batch_tokens,
-                                                pad, response_logprobs, split_micro_batches, to_response_layout,
-                                                token_logprobs, unpad)
+                                                pad, split_micro_batches, to_response_layout, unpad)
+from hybrid_core.engines.vocab_head import response_logprobs
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
 
@@ -52,15 +52,6 @@ def test_mismatched_lists_are_rejected():
 def test_to_moves_every_field():
     batch = make_sequence_batch([[1, 2]], [[3]], pad_id=0).to("cpu")
     assert isinstance(batch, SequenceBatch) and batch.input_ids.tolist() == [[1, 2, 3]]
-
-
-def test_token_logprobs_by_hand():
-    # logits [0, ln 3] → softmax [1/4, 3/4]; log(3/4) = −0.2876820725, log(1/4) = −1.3862943611
-    logits = torch.tensor([[[0.0, 1.0986122887], [0.0, 1.0986122887]]])
-    got = token_logprobs(logits, torch.tensor([[1, 0]]))
-    torch.testing.assert_close(got, torch.tensor([[-0.2876820725, -1.3862943611]]), rtol=0, atol=1e-6)
-    half = token_logprobs(logits.to(torch.bfloat16), torch.tensor([[1, 0]]))
-    assert half.dtype == torch.float32  # computed in fp32 whatever the logits' dtype
 
 
 @pytest.fixture(scope="module")

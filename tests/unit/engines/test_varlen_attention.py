@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from hybrid_core.engines import varlen_attention
-from hybrid_core.engines.sequence_batch import make_sequence_batch, response_logprobs
+from hybrid_core.engines.sequence_batch import make_sequence_batch
 from hybrid_core.engines.varlen_attention import register_varlen_attention, varlen_attention_forward
+from hybrid_core.engines.vocab_head import response_logprobs
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
 PROMPT_LENGTHS, RESPONSE_LENGTHS = [5, 1, 9, 3, 4], [4, 7, 1, 0, 6]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
@@ -160,6 +161,12 @@ def sync_transport(cfg: RunConfig) -> str:
     return "process_group:" + ("gloo" if cfg.train.device == "cpu" else cfg.vllm.sync_backend)
 
 
+def engine_layout(cfg: RunConfig) -> EngineLayout:
+    """The run's engines and their TP workers' bundles (see `engine_layout`), from the rollout's first bundle."""
+    return EngineLayout(num_engines=cfg.vllm.num_engines or 1, tensor_parallel_size=cfg.vllm.tensor_parallel_size,
+                        first_bundle=role_bundles(cfg)[1]["rollout"][0])
+
+
 def not_implemented(cfg: RunConfig) -> list[str]:
     """Every set flag whose behaviour does not exist yet, and every choice whose value is not implemented.
 
@@ -180,13 +187,14 @@ def _group_line(index: int, group: GpuGroup, placement: Placement) -> str:
             f"roles and GPU share per bundle: {shares}")
 
 
-def _rollout_line(cfg: RunConfig, placement: Placement) -> str:
+def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
     if placement.num_engines == 0:
-        return "rollout: no vLLM engines (--vllm.num_engines is not set)"
+        return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
     group = placement.group_of("rollout")
     where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
-    return (f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}")
+    return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}",
+            *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
 
 
 def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
@@ -213,7 +221,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
              f"({placement.num_bundles} bundles) on {nodes} node(s) of {cfg.actor.num_gpus_per_node}",
              "placement:"]
     lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
-    lines.append(_rollout_line(cfg, placement))
+    lines += _rollout_line(cfg, placement)
     lines += _reward_lines(cfg, placement)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
@@ -299,16 +307,13 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:
-    """Shapes of runs whose code path does not exist yet: TP > 1, and colocated engines (CUDA IPC sync) that are not
-    one per actor rank (each rank pushes its weights to the engine on its own GPU)."""
-    problems = []
-    if cfg.vllm.tensor_parallel_size > 1:
-        problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
-    engines, world = cfg.vllm.num_engines or 1, cfg.actor_world_size
-    if engines > 1 and sync_transport(cfg) == "cuda_ipc" and engines != world:
-        problems.append(f"not implemented yet: several vLLM engines colocated on GPUs other than one per actor rank "
-                        f"(got {engines} engines and {world} actor ranks); use --vllm.num_engines {world}, or give "
-                        "the engines GPUs of their own (no --train.colocate_all)")
+    """Shapes of runs whose code path does not exist yet: TP engines on GPUs of their own (the weights' broadcast
+    reaches an engine's process, not its TP workers); a reward URL that is neither a file nor HTTP."""
+    problems, tp = [], cfg.vllm.tensor_parallel_size
+    if tp > 1 and sync_transport(cfg).startswith("process_group:"):
+        problems.append(f"not implemented yet: vLLM tensor parallelism (vllm.tensor_parallel_size {tp}) on engines' "
+                        "own GPUs (the weights' broadcast reaches an engine's process, not its TP workers); add "
+                        "--train.colocate_all (engines × TP = the actor's GPUs), or use --vllm.tensor_parallel_size 1")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
         problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")

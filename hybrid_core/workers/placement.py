@@ -15,6 +15,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -131,6 +132,15 @@ def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> 
     return env
 
 
+def tp_engine_env(bundle_indices: Sequence[int], worker_share: float) -> dict[str, str]:
+    """What vLLM's Ray executor reads to place a GPU engine's TP workers (as OpenRLHF's engines do): one worker actor
+    on each bundle, in order, each asking `worker_share` of that bundle's GPU beside the actor rank that feeds it.
+    The engine's own process asks for no GPU, so Ray leaves its CUDA_VISIBLE_DEVICES alone (Ray ≥ 2.47 does not
+    narrow it to nothing): it schedules, its workers compute."""
+    return {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(index) for index in bundle_indices),
+            "VLLM_RAY_PER_WORKER_GPUS": f"{worker_share:g}"}
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where one actor goes: a bundle of the run's placement group and its share of that bundle."""
@@ -150,19 +160,29 @@ class RunPlacement:
                                   name=f"{run.run_id}/pg", lifetime="detached")
         ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)
 
-    def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous()):
+    def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous(),
+              tp_bundles: Sequence[int] = ()):
         """Start the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one): its process
-        imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks. Its engine is
-        built by `handle.construct.remote(*args)` (see `deferred`)."""
+        imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks; `tp_bundles`
+        are the bundles of a vLLM engine's TP workers. Its engine is built by `handle.construct.remote(*args)`
+        (see `deferred`)."""
         name = self.run.actor_name(role, rank)
         kill_actor(name, self.run.namespace)
+        env = role_env(role, self.on_cpu, rendezvous)
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
             {"num_cpus": 0, "num_gpus": slot.share}
-        strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=slot.bundle_index)
+        if tp_bundles and not self.on_cpu:  # the TP workers take the GPU shares; the engine's process none
+            env |= tp_engine_env([self.bundle_in_group(b) for b in tp_bundles], slot.share)
+            resources = {"num_cpus": 0, "num_gpus": 0}
+        index = self.bundle_in_group(slot.bundle_index)
+        strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index)
         return ray.remote(deferred(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
-                                                 scheduling_strategy=strategy,
-                                                 runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
+                                                 scheduling_strategy=strategy, runtime_env={"env_vars": env},
                                                  **resources).remote(_secrets=secrets())
+
+    def bundle_in_group(self, bundle_index: int) -> int:
+        """The run-wide bundle `bundle_index` as an index of the placement group holding it (the run has one)."""
+        return bundle_index
 
     def remove(self) -> None:
         remove_placement_group(self.pg)

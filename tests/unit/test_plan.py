@@ -57,9 +57,12 @@ def test_seed_plan_text():
     assert lines[2] == ("  group 1: 4 bundles of 1 GPU on 1 node(s); roles and GPU share per bundle: "
                         "actor 0.2, ref 0.2, rollout 0.2")
     assert lines[3] == ("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7")
-    assert lines[4] == "sleep: vLLM on (level 1), DeepSpeed on"
-    assert lines[5] == "not implemented yet:"
-    assert lines[6:] == [f"  {line}" for line in SEED_NOT_IMPLEMENTED]
+    assert lines[4:6] == [
+        "    engine 0: TP workers on bundles 0-1, weights by CUDA IPC from actor ranks 0-1 (one per GPU)",
+        "    engine 1: TP workers on bundles 2-3, weights by CUDA IPC from actor ranks 2-3 (one per GPU)"]
+    assert lines[6] == "sleep: vLLM on (level 1), DeepSpeed on"
+    assert lines[7] == "not implemented yet:"
+    assert lines[8:] == [f"  {line}" for line in SEED_NOT_IMPLEMENTED]
     for flag in ("--ds.ring_attn_size", "--ds.ring_attn_head_stride"):
         assert flag in text
     assert "--ds.packing_samples" not in text and "--train.dynamic_batch_enable" not in text  # issue #7
@@ -70,11 +73,7 @@ def test_seed_preflight_without_gpus():
     num_flags = len(SEED_NOT_IMPLEMENTED)
     assert problems[:num_flags] == [f"flag not implemented yet: {line}" for line in SEED_NOT_IMPLEMENTED]
     assert problems[num_flags].startswith("not implemented yet: ZeRO-3 with several actor ranks (got 4)")
-    assert problems[num_flags + 1] == ("not implemented yet: vLLM tensor parallelism (TP > 1); use "
-                                       "--vllm.tensor_parallel_size 1")
-    assert problems[num_flags + 2] == ("not implemented yet: several vLLM engines colocated on GPUs other than one "
-                                       "per actor rank (got 2 engines and 4 actor ranks); use --vllm.num_engines 4, "
-                                       "or give the engines GPUs of their own (no --train.colocate_all)")
+    assert not any("tensor" in p or "engines ×" in p for p in problems)  # 2 engines × TP 2 colocated: accepted
     assert not any("model_name_or_path" in p for p in problems)  # a hub id: the preflight checks it, offline only
     assert problems[-1].startswith("needs 4 GPUs, found 0")
     assert not any("needs" in p for p in preflight_problems(parse_cli(SEED_ARGV), num_gpus_found=4))

@@ -145,11 +145,17 @@ def gather_shared(shared: SharedBucket, ranks: range) -> SharedBucket:
 
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, shared.handles)
+    return SharedBucket(shared.entries, merge_handles(parts, ranks), shared.num_bytes)
+
+
+def merge_handles(parts: list[dict[str, tuple]], ranks: range) -> dict[str, tuple]:
+    """One handle per GPU from the ranks in `ranks` (`parts[r]`: rank r's handles by GPU UUID); each TP worker of
+    the engine needs the copy of the rank on its own GPU, so two ranks on one GPU are an error, not a choice."""
     handles = {uuid: handle for rank in ranks for uuid, handle in parts[rank].items()}
-    if len(handles) != len(ranks):  # two ranks on one GPU: a TP worker would have no copy beside it
-        raise RuntimeError(f"actor ranks {ranks.start}-{ranks.stop - 1} share {len(handles)} GPUs: each TP worker "
-                           "of an engine needs the actor rank on its own GPU")
-    return SharedBucket(shared.entries, handles, shared.num_bytes)
+    if len(handles) != len(ranks):
+        raise RuntimeError(f"actor ranks {ranks.start}-{ranks.stop - 1} hold copies on {len(handles)} GPUs "
+                           f"({sorted(handles)}): each TP worker of their engine needs the actor rank on its own GPU")
+    return handles
 
 
 _OPENED: OrderedDict = OrderedDict()  # receiver side: (IPC handle, offset) → tensor, kept so the mapping stays open

@@ -240,13 +240,13 @@ class ActorWorker:
     def push_weights(self) -> int:
         """This rank's weights to the engine worker on its GPU (CUDA IPC; `engine_layout`): the engine's first rank
         sends, the others' handles reach it through the gather; returns the bytes this rank sent."""
-        layout = self.args.engines
+        layout, module, is_zero3 = self.args.engines, self.engine.module, self.engine.is_zero3
         engine = layout.engine_of(self.rank)
-        if engine is None:  # no engine beside this rank (a run without vllm.num_engines has one, beside rank 0)
-            return 0
+        if engine is None:  # no engine beside this rank (without vllm.num_engines one sits beside rank 0) ...
+            return self.sender.send_beside(module, True, None, None) if is_zero3 else 0  # ... yet ZeRO-3 gathers
         sender = rank_group.all_ranks(self.run, "rollout", engine + 1)[engine] if layout.leads(self.rank) else None
         feeders = layout.feeders(engine) if layout.tensor_parallel_size > 1 else None
-        return self.sender.send_beside(self.engine.module, self.engine.is_zero3, sender, feeders)
+        return self.sender.send_beside(module, is_zero3, sender, feeders)
 
     @stamped
     def write_metrics(self, step: int) -> MetricsRow:

@@ -129,6 +129,8 @@ def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> 
                 "OMP_NUM_THREADS": TRAINER_THREADS, "MKL_NUM_THREADS": TRAINER_THREADS}
     if on_cpu:
         env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if on_cpu and role == "rollout":  # TP workers (child processes) leave their threads unbound, as one worker does:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # vLLM's automatic binding wants a NUMA node per worker
     return env
 
 

@@ -29,8 +29,10 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
         def __init__(self, model_path: str, tensor_parallel_size: int):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
+            # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
+
             self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
-                                                           gpu_memory_utilization=0.05, seed=0, enforce_eager=True,
+                                                           gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
                                                            max_model_len=64, tensor_parallel_size=tensor_parallel_size))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:

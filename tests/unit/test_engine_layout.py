@@ -7,7 +7,7 @@ from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.engines.vllm_rollout import executor_backend
 from hybrid_core.flags import parse_cli
 from hybrid_core.plan import engine_layout, preflight_problems, render_plan, role_bundles, sync_transport
-from hybrid_core.workers.placement import tp_engine_env
+from hybrid_core.workers.placement import role_env, tp_engine_env
 from test_plan import INPUT_FLAGS
 
 
@@ -80,8 +80,11 @@ def test_tp_needs_an_engine_count():
                    "--vllm.tensor_parallel_size", "2"])
 
 
-def test_a_gpu_engine_of_tp_workers_is_told_their_bundles_and_share():
+def test_an_engine_of_tp_workers_is_told_their_bundles_and_share_on_gpus_and_not_to_bind_threads_on_cpu():
     assert tp_engine_env([4, 5], 0.2) == {"VLLM_RAY_BUNDLE_INDICES": "4,5", "VLLM_RAY_PER_WORKER_GPUS": "0.2"}
+    # vLLM's CPU build binds each TP worker's threads to a NUMA node of its own unless told not to (one node here)
+    assert role_env("rollout", on_cpu=True)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in role_env("rollout", on_cpu=False)
 
 
 def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
+from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 
 

@@ -241,12 +241,12 @@ class ActorWorker:
         """This rank's weights to the engine worker on its GPU (CUDA IPC; `engine_layout`): the engine's first rank
         sends, the others' handles reach it through the gather; returns the bytes this rank sent."""
         layout, module, is_zero3 = self.args.engines, self.engine.module, self.engine.is_zero3
-        engine = layout.engine_of(self.rank)
-        if engine is None:  # no engine beside this rank (without vllm.num_engines one sits beside rank 0) ...
+        index = layout.engine_of(self.rank)
+        if index is None:  # no engine beside this rank (without vllm.num_engines one sits beside rank 0) ...
             return self.sender.send_beside(module, True, None, None) if is_zero3 else 0  # ... yet ZeRO-3 gathers
-        sender = rank_group.all_ranks(self.run, "rollout", engine + 1)[engine] if layout.leads(self.rank) else None
-        feeders = layout.feeders(engine) if layout.tensor_parallel_size > 1 else None
-        return self.sender.send_beside(module, is_zero3, sender, feeders)
+        target = rank_group.all_ranks(self.run, "rollout", index + 1)[index] if layout.leads(self.rank) else None
+        feeders = layout.feeders(index) if layout.tensor_parallel_size > 1 else None
+        return self.sender.send_beside(module, is_zero3, target, feeders)
 
     @stamped
     def write_metrics(self, step: int) -> MetricsRow:

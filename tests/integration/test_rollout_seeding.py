@@ -39,6 +39,9 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
                                  policy_version=0).to_pylist()
 
+        def score(self, prompt_ids: list, response_ids: list) -> list:
+            return self.engine.score(prompt_ids, response_ids)
+
         def load_weights(self, named: list) -> None:
             self.engine.load_weights(named)
             self.engine.finish_weight_update()
@@ -48,20 +51,24 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, ray_session):
-    """The one-worker engine; killed at the end of the module."""
-    actor = engine_actor(ray_session, str(tiny_model), 1)
-    yield actor
-    ray_session.kill(actor)
+def engines(tiny_model, ray_session):
+    """The one-worker engine and the same engine with two TP workers (each holds one of the tiny model's two
+    attention heads and half of every MLP and vocabulary matrix), started together so that the slower TP engine
+    (three processes import vLLM) builds while the first tests run; killed, with its workers, after the module."""
+    actors = [engine_actor(ray_session, str(tiny_model), tp) for tp in (1, 2)]
+    yield actors
+    for actor in actors:
+        ray_session.kill(actor)
 
 
 @pytest.fixture(scope="module")
-def tp_engine(tiny_model, ray_session):
-    """The same engine with two TP workers (each holds one of the tiny model's two attention heads and half of
-    every MLP and vocabulary matrix); killed with its workers at the end of the module."""
-    actor = engine_actor(ray_session, str(tiny_model), 2)
-    yield actor
-    ray_session.kill(actor)
+def engine(engines):
+    return engines[0]
+
+
+@pytest.fixture(scope="module")
+def tp_engine(engines):
+    return engines[1]
 
 
 def generated(engine, prompts, seed_per_prompt: bool = True, step: int = 1) -> dict[tuple[int, int], dict]:
@@ -136,3 +143,7 @@ def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, 
     model.load_state_dict(dict(named))
     for key, row in tp.items():  # each worker kept its shard of the full tensors it was sent
         assert row["rollout_logprobs"] == pytest.approx(logprobs_of(model, row), rel=0, abs=1e-5), key
+    # the engines' own scoring of a response (how weight-sync checks read an engine) agrees too
+    row = {"prompt_ids": one[(0, 0)]["prompt_ids"], "response_ids": [17, 18, 19, 20, 21, 22]}
+    scored = ray.get(tp_engine.score.remote([row["prompt_ids"]], [row["response_ids"]]), timeout=300)[0]
+    assert scored == pytest.approx(logprobs_of(model, row), rel=0, abs=1e-5)

@@ -51,24 +51,21 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model, ray_session):
-    """The one-worker engine and the same engine with two TP workers (each holds one of the tiny model's two
-    attention heads and half of every MLP and vocabulary matrix), started together so that the slower TP engine
-    (three processes import vLLM) builds while the first tests run; killed, with its workers, after the module."""
-    actors = [engine_actor(ray_session, str(tiny_model), tp) for tp in (1, 2)]
-    yield actors
-    for actor in actors:
-        ray_session.kill(actor)
+def engine(tiny_model, ray_session):
+    """The one-worker engine; killed at the end of the module."""
+    actor = engine_actor(ray_session, str(tiny_model), 1)
+    yield actor
+    ray_session.kill(actor)
 
 
 @pytest.fixture(scope="module")
-def engine(engines):
-    return engines[0]
-
-
-@pytest.fixture(scope="module")
-def tp_engine(engines):
-    return engines[1]
+def tp_engine(tiny_model, ray_session):
+    """The same engine with two TP workers (each holds one of the tiny model's two attention heads and half of
+    every MLP and vocabulary matrix); killed with its workers at the end of the module. Started only when the first
+    TP test needs it: building it beside the first engine's tests only made both slower on 2 cores."""
+    actor = engine_actor(ray_session, str(tiny_model), 2)
+    yield actor
+    ray_session.kill(actor)
 
 
 def generated(engine, prompts, seed_per_prompt: bool = True, step: int = 1) -> dict[tuple[int, int], dict]:

@@ -47,12 +47,15 @@ def bench_ds_sleep(results, model_dir: Path) -> None:
     trainer, buffer, start_s = _trainer(model_dir)
     results.figure("ds_engine_start_s", start_s, note="model load + DeepSpeed init, pinned allocation running beside")
     _one_step(trainer)  # Adam creates its moments at the first step
-    sleeps, wakes, moved, parts = [], [], 0, []
+    sleeps, wakes, moved, parts, wake_parts = [], [], 0, [], []
     for _ in range(CALLS):
         sleeps.append(_timed(lambda: trainer.sleep()))
         moved, parts = trainer.state_mover.last_bytes, parts + [trainer.state_mover.last_seconds]
         wakes.append(_timed(lambda: trainer.wake_up()))
+        wake_parts.append(trainer.state_mover.last_wake_seconds)
     results.figure("ds_sleep_parts_s", parts[0], trials=parts, note="copy to pinned host vs releasing GPU memory")
+    results.figure("ds_wake_parts_s", wake_parts[0], trials=wake_parts,
+                   note="GPU block allocation, the one host-to-device copy, DeepSpeed's fragment links")
     results.figure("ds_pinned_alloc_s", buffer.seconds, note=f"{buffer.num_bytes / 1e9:.2f} GB, at engine start, "
                    "in a background thread overlapped with model loading")
     results.figure("ds_state_bytes", moved)

@@ -120,6 +120,26 @@ def _iteration_figures(results, run_dir: Path) -> None:
     results.figure("iteration_stage_s", stage_s | {"orchestration": orchestration}, trials=per_step)
     results.figure("iteration_overhead_s", overhead, note="vLLM sleep+wake, DeepSpeed sleep+wake, sync, orchestration")
     results.figure("iteration_overhead_fraction", overhead / wall)
+    parts = {k: orchestration_parts(run_dir, rows, k) for k in timed}
+    results.figure("iteration_orchestration_parts_s", {key: statistics.fmean(p[key] for p in parts.values())
+                                                       for key in next(iter(parts.values()))}, trials=parts,
+                   note="from events.jsonl: between a stage's commit and the next stage's start (task + Ray call), "
+                        "a stage's start to commit beyond its own seconds (writing, hashing, the manifest), the "
+                        "metrics stage, and the previous step's metrics commit to this step's rollout start")
+
+
+def orchestration_parts(run_dir: Path, rows: dict[int, dict], step: int) -> dict[str, float]:
+    """Where step `step`'s orchestration went, from the run's events (wall-clock stamps of each stage's start and
+    commit) and its metrics row (each stage's own seconds)."""
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    stamp = {(e["step"], e["stage"], e["event"]): e["time"] for e in events if e["event"] in ("start", "commit")}
+    order = [s for s in (*STAGES, "metrics") if (step, s, "start") in stamp and (step, s, "commit") in stamp]
+    between = sum(stamp[(step, b, "start")] - stamp[(step, a, "commit")] for a, b in zip(order, order[1:]))
+    committing = sum(stamp[(step, s, "commit")] - stamp[(step, s, "start")] - rows[step][f"timing_s/{s}"]
+                     for s in order if s != "metrics")
+    return {"between_stages": between, "committing": committing,
+            "metrics_stage": stamp[(step, "metrics", "commit")] - stamp[(step, "metrics", "start")],
+            "before_rollout": stamp[(step, "rollout", "start")] - stamp[(step - 1, "metrics", "commit")]}
 
 
 def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,

@@ -1,13 +1,16 @@
 """The README's GPU performance tables, generated from the committed benchmark results.
 
 Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*.json (issue #7: training and the
-whole iteration); a figure comes from the newest file that has it, by file name. Checks each target and prints
-Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
+whole iteration); a figure comes from the newest file that has it, by file name. The peer table (issue 17) reads one
+session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name, so the
+three systems it sets side by side ran on the same machine, back to back. Checks each target and prints Markdown
+tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
 Usage: python benchmarks/perf_table.py [--write]
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,7 +18,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
 TRAIN_START, TRAIN_END = "<!-- train-table:start -->", "<!-- train-table:end -->"
+PEERS_START, PEERS_END = "<!-- peers-table:start -->", "<!-- peers-table:end -->"
 MISSING = "not measured yet"
+PEER_FILE = re.compile(r"h200-peers-(?P<tag>.+)-(?P<system>hybrid|openrlhf|trl)\.json")
+SYSTEMS = {"hybrid": "`hybrid train` (this project)", "openrlhf": "OpenRLHF 0.11.2 `train_ppo_ray`",
+           "trl": "TRL 1.16 `GRPOTrainer`"}
+# each system's own stages (iteration_stage_s) summed into the table's columns; the rest of the wall is "other"
+PEER_COLUMNS = {
+    "hybrid": {"generation": ("rollout",), "experience": ("reward", "advantage"), "train": ("train",),
+               "weight sync": ("sync",)},
+    "openrlhf": {"generation": ("generation",), "experience": ("make_experience",), "train": ("ppo_train",),
+                 "weight sync": ("broadcast",)},
+    "trl": {"generation": ("generation",), "experience": ("reward", "logprobs", "experience"),
+            "train": ("update", "optimizer"), "weight sync": ("weight_sync",)},
+}
+PEER_SPEEDUP_TARGET = 1.5
 
 
 def load_figures(pattern: str = "h200-hybrid-*.json") -> dict[str, tuple[object, str]]:
@@ -122,20 +139,70 @@ def render_train(figures: dict) -> str:
     return render(figures, _train_rows, "figure (Qwen3-1.7B and -4B shapes, one H200)")
 
 
+def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tuple[dict, str]]]:
+    """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files."""
+    sessions: dict[str, dict] = {}
+    for path in sorted(results_dir.glob("h200-peers-*.json")):
+        found = PEER_FILE.fullmatch(path.name)
+        if found:
+            data = json.loads(path.read_text())
+            source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
+            sessions.setdefault(found["tag"], {})[found["system"]] = (data["figures"], source)
+    if not sessions:
+        return None, {}
+    tag = max(sessions)
+    return tag, sessions[tag]
+
+
+def _peer_row(system: str, figures: dict | None) -> str:
+    if not figures or "iteration_wall_s" not in figures:
+        return f"| {SYSTEMS[system]} | {MISSING} |  |  |  |  |  |"
+    wall, stages = figures["iteration_wall_s"], figures.get("iteration_stage_s", {})
+    columns = [sum(stages.get(name, 0.0) for name in names) for names in PEER_COLUMNS[system].values()]
+    cells = [f"{seconds:.1f} s" for seconds in (wall, *columns, wall - sum(columns))]
+    return f"| {SYSTEMS[system]} | " + " | ".join(cells) + " |"
+
+
+def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]]) -> str:
+    """Issue 17's side-by-side table and its target: `hybrid train` ≥ 1.5× faster a step than the fastest peer."""
+    lines = ["| system (Qwen3-1.7B stand-in, 32 prompts × 8 samples × 1,024 tokens, one H200) | step wall (steps 2–3) "
+             "| generation | experience | train | weight sync | other |", "|---|---|---|---|---|---|---|"]
+    lines += [_peer_row(system, runs.get(system, (None, ""))[0]) for system in SYSTEMS]
+    walls = {system: figures["iteration_wall_s"] for system, (figures, _) in runs.items()
+             if "iteration_wall_s" in figures}
+    peers = {system: wall for system, wall in walls.items() if system != "hybrid"}
+    if "hybrid" in walls and peers:
+        fastest = min(peers, key=peers.get)
+        speedup = peers[fastest] / walls["hybrid"]
+        met = _met(speedup >= PEER_SPEEDUP_TARGET)
+        verdict = f"{speedup:.2f}× the fastest peer ({SYSTEMS[fastest]}); target ≥ {PEER_SPEEDUP_TARGET}×: {met}"
+    else:
+        verdict = f"{MISSING} (target ≥ {PEER_SPEEDUP_TARGET}× the fastest peer)"
+    lines += ["", f"Speed-up of `hybrid train`: {verdict}.", ""]
+    if tag is None:
+        lines.append("No peer session in benchmarks/results yet (`benchmarks/peers/run_peers.sh`).")
+    else:
+        sources = "; ".join(f"`{source}`" for _, source in runs.values())
+        lines.append(f"Session `{tag}`: {sources} (each file's meta says how its system ran; logs beside them).")
+    return "\n".join(lines)
+
+
 def replace_block(readme: str, table: str, start: str = START, end: str = END) -> str:
     head, rest = readme.split(start, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{start}\n{table}\n{end}{tail}"
 
 
-def tables() -> tuple[str, str]:
-    """(issue #6's table, issue #7's table) from the committed results."""
-    return render(load_figures()), render_train(load_figures("h200-train-*.json"))
+def tables() -> tuple[str, str, str]:
+    """(issue #6's table, issue #7's table, issue 17's peer table) from the committed results."""
+    return (render(load_figures()), render_train(load_figures("h200-train-*.json")),
+            render_peers(*peer_session()))
 
 
 def readme_with_tables(readme: str) -> str:
-    engines, training = tables()
-    return replace_block(replace_block(readme, engines), training, TRAIN_START, TRAIN_END)
+    engines, training, peers = tables()
+    readme = replace_block(replace_block(readme, engines), training, TRAIN_START, TRAIN_END)
+    return replace_block(readme, peers, PEERS_START, PEERS_END)
 
 
 if __name__ == "__main__":

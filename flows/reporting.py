@@ -1,17 +1,24 @@
 """What a running job shows: the per-step terminal line and the Prefect UI artifacts (metrics table, progress with an
 ETA, decoded samples). Prefect calls only; the figures arrive as records from the tasks, and the table starts from
-the run's committed rows, so a resumed run shows all of its steps."""
+the run's committed rows, so a resumed run shows all of its steps. The artifacts are written by one background
+thread, in step order, so the next step does not wait for them (~0.1 s a step on the embedded server); `close`
+waits until all are written."""
 from __future__ import annotations
 
+import contextvars
+import logging
 import re
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from prefect.artifacts import (create_markdown_artifact, create_progress_artifact, create_table_artifact,
                                update_progress_artifact)
 
 from hybrid_core.step_contract import TIMED_STAGES
 from hybrid_core.types import MetricsRow, Sample
+
+log = logging.getLogger(__name__)
 
 
 def artifact_key(prefix: str, run_id: str) -> str:
@@ -59,26 +66,36 @@ class RunReport:
         self.started, self.first_done = time.perf_counter(), len(self.rows)
         self.progress_id = create_progress_artifact(0.0, key=artifact_key("rl-progress", run_id),
                                                     description=f"{run_id}: 0/{num_steps} steps")
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-artifacts")
+        self._written: list[Future] = []
 
     @staticmethod
     def _table_row(row: MetricsRow) -> dict:
         return {"step": row.step} | {k: round(v, 6) for k, v in row.values.items()}
 
-    def step_done(self, row: MetricsRow, samples: list[Sample], print_line: bool) -> None:
+    def _in_background(self, write, *args) -> None:
+        """Run `write(*args)` on the artifact thread, in this flow run's context (artifacts link to it)."""
+        self._written.append(self._writer.submit(contextvars.copy_context().run, write, *args))
+
+    def step_done(self, row: MetricsRow, samples: Future, print_line: bool) -> None:
+        """`samples`: the step's decoded samples, a future (the samples task, submitted)."""
         step = row.step
         self.rows[step] = self._table_row(row)
-        create_table_artifact([self.rows[k] for k in sorted(self.rows)], key=artifact_key("rl-metrics", self.run_id),
-                              description=f"metrics of run {self.run_id}, one row per step")
-        create_markdown_artifact(samples_markdown(step, samples), key=artifact_key("rl-samples", self.run_id),
-                                 description=f"decoded samples of step {step}")
         elapsed = time.perf_counter() - self.started
         done_here = max(1, len(self.rows) - self.first_done)
         eta = elapsed / done_here * (self.num_steps - step)
-        update_progress_artifact(self.progress_id, 100.0 * step / self.num_steps,
-                                 description=f"{self.run_id}: {step}/{self.num_steps} steps, ETA {eta:.0f}s")
+        self._in_background(self._write_step, step, [self.rows[k] for k in sorted(self.rows)], samples, eta)
         if print_line:
             print(step_line(step, self.num_steps, row.values))
         self._eval_done(row)
+
+    def _write_step(self, step: int, rows: list[dict], samples: Future, eta: float) -> None:
+        create_table_artifact(rows, key=artifact_key("rl-metrics", self.run_id),
+                              description=f"metrics of run {self.run_id}, one row per step")
+        create_markdown_artifact(samples_markdown(step, samples.result()), key=artifact_key("rl-samples", self.run_id),
+                                 description=f"decoded samples of step {step}")
+        update_progress_artifact(self.progress_id, 100.0 * step / self.num_steps,
+                                 description=f"{self.run_id}: {step}/{self.num_steps} steps, ETA {eta:.0f}s")
 
     def initial_eval_done(self, row: MetricsRow) -> None:
         """Step 0: the evaluation of the initial policy (eval.at_start)."""
@@ -91,6 +108,13 @@ class RunReport:
         if not summary:
             return
         self.eval_rows = [r for r in self.eval_rows if r["step"] != row.step] + summary
-        create_table_artifact(self.eval_rows, key=artifact_key("rl-eval", self.run_id),
-                              description=f"evaluations of run {self.run_id}: pass@1 and pass@k per data source")
+        self._in_background(create_table_artifact, list(self.eval_rows), artifact_key("rl-eval", self.run_id),
+                            f"evaluations of run {self.run_id}: pass@1 and pass@k per data source")
         print(eval_line(row.step, row.values))
+
+    def close(self) -> None:
+        """Wait until every artifact is written; a failed write is logged (the run's data is in its store)."""
+        self._writer.shutdown(wait=True)
+        for written in self._written:
+            if written.exception() is not None:
+                log.warning("a Prefect artifact of run %s was not written: %r", self.run_id, written.exception())

@@ -1,5 +1,5 @@
 """The `rl-train` flow: take the run directory's lease, open (or resume) the run, start or re-attach its workers,
-run the remaining steps as subflows, export the final policy, stop the workers."""
+run the remaining steps (each its stage tasks), export the final policy, stop the workers."""
 from __future__ import annotations
 
 import time
@@ -27,17 +27,21 @@ def tag_flow_run(tag: str) -> None:
 
 
 def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDirectoryLease) -> None:
-    """Steps `workers.next_step`… as subflows (committed ones replay), the UI's table starting from the store."""
+    """Steps `workers.next_step`… as stage tasks of this flow run (committed ones replay), the UI's table starting
+    from the store."""
     report = RunReport(run.run_id, workers.num_steps, committed_rows(run))
     if run.is_eval_due(0) and workers.next_step == 1:  # eval.at_start: the initial policy, as step 0
         stage = step_tasks(run)
         stage.eval(run, 0)
         report.initial_eval_done(stage.metrics(run, 0))
-    for step in range(workers.next_step, workers.num_steps + 1):
-        lease.check()
-        row = rl_step(run, step)
-        show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
-        report.step_done(row, samples(run, step), print_line=show)
+    try:
+        for step in range(workers.next_step, workers.num_steps + 1):
+            lease.check()
+            row = rl_step(run, step)
+            show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
+            report.step_done(row, samples.submit(run, step), print_line=show)
+    finally:
+        report.close()
     save_model(run, workers.model_uri)
 
 

@@ -149,7 +149,8 @@ LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra 
 
 class DsConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
-        {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix"})
+        {"zero_stage", "param_dtype", "enable_sleep", "packing_samples", "use_liger_kernel", "value_head_prefix",
+         "ring_attn_size", "ring_attn_head_stride"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
     adam_offload: bool = Field(False, description="offload Adam states to CPU")
@@ -159,8 +160,8 @@ class DsConfig(ConfigBlock):
     deepcompile: bool = Field(False, description="DeepCompile")
     enable_sleep: bool = Field(False, description="offload DeepSpeed states between train phases")
     tensor_parallel_size: int = Field(1, gt=0, description="DeepSpeed AutoTP degree")
-    ring_attn_size: int = Field(1, gt=0, description="ring attention group size")
-    ring_attn_head_stride: int = Field(1, gt=0, description="ring attention head stride")
+    ring_attn_size: int = Field(1, gt=0, description="ranks a packed sample is split over (ring attention)")
+    ring_attn_head_stride: int = Field(1, gt=0, description="K/V heads a ring all-gather exchanges at a time")
     packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row "
                                   "(attention: PyTorch varlen flash attention on CUDA, sdpa on CPU)")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")

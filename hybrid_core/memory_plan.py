@@ -205,12 +205,13 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     state_bytes = 8 + (0 if cfg.ds.param_dtype == "fp32" else 4)
     partition = params / world if stage >= 1 else params
     step_params = min(partition, ZERO3_SUB_GROUP_PARAMS) if stage == 3 else partition
-    tokens, forward_tokens = train_tokens(cfg), forward_tokens_of(cfg)
+    tokens, forward_tokens = ring_tokens(train_tokens(cfg), cfg), ring_tokens(forward_tokens_of(cfg), cfg)
     logit_bytes = TRAIN_LOGIT_BYTES + (ENTROPY_LOGIT_BYTES if (cfg.actor.entropy_coef or 0) > 0 else 0)
     is_checkpointed = cfg.actor.gradient_checkpointing_enable
     activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed)
     if is_checkpointed:  # the backward recomputes one layer at a time
         activations += tokens * shape.layer_bytes_per_token(param_bytes)
+    activations += ring_kv_bytes(cfg, shape, tokens, is_checkpointed)
     offloaded = cfg.ds.adam_offload
     step_from_cache = has_logits and stage < 3 and tokens * shape.vocab_size >= step_params
     return TrainerBytes(
@@ -228,15 +229,28 @@ def train_tokens(cfg: RunConfig) -> int:
 
     With a budget a sample longer than it still forms a micro-batch of its own, so data.max_len bounds it too.
     """
-    if cfg.train.dynamic_batch_enable:
-        return max(cfg.train.max_tokens_per_gpu, cfg.data.max_len)
+    if cfg.train.dynamic_batch_enable:  # the budget is a GPU's: a ring's ranks share a micro-batch
+        return max(cfg.train.max_tokens_per_gpu * cfg.ds.ring_attn_size, cfg.data.max_len)
     return cfg.train.micro_batch_size * cfg.data.max_len
+
+
+def ring_tokens(tokens: int, cfg: RunConfig) -> int:
+    """A rank's tokens of a micro-batch: ring attention splits each packed row into ds.ring_attn_size chunks."""
+    return -(-tokens // cfg.ds.ring_attn_size)
+
+
+def ring_kv_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, is_checkpointed: bool) -> int:
+    """All-gathered keys and values a ring keeps per layer for the backward (one layer's with checkpointing)."""
+    size, kv_width = cfg.ds.ring_attn_size, shape.num_key_value_heads * shape.head_dim
+    per_layer = size * tokens * 2 * kv_width * PARAM_BYTES[cfg.ds.param_dtype] if size > 1 else 0
+    return per_layer * (1 if is_checkpointed else shape.num_hidden_layers)
 
 
 def forward_tokens_of(cfg: RunConfig) -> int:
     """Tokens of the largest no-grad logprob micro-batch (advantage stage), as `train_tokens` for the forwards."""
     if cfg.train.dynamic_batch_enable:
-        return max(cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu, cfg.data.max_len)
+        return max((cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size,
+                   cfg.data.max_len)
     return cfg.rollout.micro_batch_size * cfg.data.max_len
 
 

@@ -2,16 +2,13 @@
 
 Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
 of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is
-`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement
-groups.
+`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs (`gpu_probe`) and creates
+the placement groups.
 """
 from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +17,8 @@ from pydantic import BaseModel
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
+from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, node_blocks, node_lines
+from hybrid_core.ring_plan import ring_lines, ring_problems
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -54,11 +53,12 @@ ASSUMED_GPU_GIB = 139.8
 
 @dataclass(frozen=True)
 class GpuGroup:
-    """One placement group: `num_bundles` bundles of one GPU (or CPU), each shared by `roles`."""
+    """One role group: `num_bundles` bundles of one GPU (or CPU) on `num_nodes` nodes, each shared by `roles`."""
 
     roles: tuple[str, ...]
     num_bundles: int
     num_nodes: int
+    per_node: int = 0  # bundles on each node but the last (rank r on node r // per_node); 0: num_bundles / num_nodes
 
     @property
     def gpu_share(self) -> float:
@@ -128,23 +128,30 @@ def make_placement(cfg: RunConfig) -> Placement:
         roles = (*part, "rollout") if rollout_joins and "actor" in part else tuple(part)
         groups.append(GpuGroup(roles, num_nodes * gpus_per_node, num_nodes))
     if has_rollout and not rollout_joins:
-        num_nodes = math.ceil(cfg.num_rollout_gpus / cfg.actor.num_gpus_per_node)  # nodes as wide as the actor's
-        groups.append(GpuGroup(("rollout",), cfg.num_rollout_gpus, num_nodes))
+        per_node = cfg.actor.num_gpus_per_node  # vLLM has no per-node flag: nodes as wide as the actor's
+        num_nodes = math.ceil(cfg.num_rollout_gpus / per_node)
+        groups.append(GpuGroup(("rollout",), cfg.num_rollout_gpus, num_nodes, per_node))
     return Placement(tuple(groups), cfg.vllm.num_engines or 0, cfg.vllm.tensor_parallel_size, cfg.train.device)
 
 
+def run_node_blocks(cfg: RunConfig) -> tuple[NodeBlock, ...]:
+    """The run's placement groups, one per node of each group (`node_layout`), in `role_bundles`' bundle order."""
+    return node_blocks([(g.num_bundles, g.per_node or math.ceil(g.num_bundles / g.num_nodes))
+                        for g in make_placement(cfg).groups])
+
+
 def role_bundles(cfg: RunConfig) -> tuple[int, dict[str, tuple[int, float]]]:
-    """The run's placement-group bundle count and each role's (bundle index, share): the groups of
-    `make_placement` one after another, each role asking its share of its group's bundle. On CPU the bundles split
-    one logical CPU (vLLM and torch bind their own threads); without vllm.num_engines the engine sits beside the
+    """The run's bundle count and each role's (bundle index of its rank 0, share): the groups of `make_placement`
+    one after another, each role asking its share of its group's bundle. On CPU each node's bundles split one
+    logical CPU (vLLM and torch bind their own threads); without vllm.num_engines the engine sits beside the
     actor."""
     layout = make_placement(cfg)
     num_bundles = max(1, layout.num_bundles)
-    cpu_per_bundle = math.floor(1000 / num_bundles) / 1000
+    bundle_cpus = cpu_per_bundle(run_node_blocks(cfg))
     bundles, offset = {}, 0
     for group in layout.groups:
         # rounded down: the roles' shares must add up to no more than their bundle, or one is never placed
-        cpu_share = math.floor(cpu_per_bundle / len(group.roles) * 1000) / 1000
+        cpu_share = math.floor(bundle_cpus / len(group.roles) * 1000) / 1000
         share = group.gpu_share if cfg.train.device == "cuda" else cpu_share
         bundles |= {role: (offset, share) for role in group.roles}
         offset += group.num_bundles
@@ -220,9 +227,10 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
     lines = [f"device: {placement.device}; needs {placement.num_gpus} GPUs "
              f"({placement.num_bundles} bundles) on {nodes} node(s) of {cfg.actor.num_gpus_per_node}",
              "placement:"]
-    lines += [_group_line(i, group, placement) for i, group in enumerate(placement.groups, start=1)]
+    for i, group in enumerate(placement.groups):
+        lines += [_group_line(i + 1, group, placement), *node_lines(run_node_blocks(cfg), i)]
     lines += _rollout_line(cfg, placement)
-    lines += _reward_lines(cfg, placement)
+    lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
     missing = not_implemented(cfg)
@@ -251,14 +259,15 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib
     over the GPU's size (empty when it may).
 
     Args:
-        num_gpus_found: GPUs visible to the caller (it asks nvidia-smi or Ray; this module does neither); None skips
-            the count (the flow counts the Ray cluster's GPUs itself).
-        gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
+        num_gpus_found: GPUs visible to the caller (it asks nvidia-smi, `gpu_probe`, or Ray; this module does
+            neither); None skips the count (the flow counts the Ray cluster's GPUs itself).
+        gpu_total_gib: per-GPU memory found (`gpu_probe.gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
+    placement = make_placement(cfg)
     problems += _rank_problems(cfg) + _slice_problems(cfg) + _kernel_problems(cfg) + _missing_inputs(cfg) \
-        + _reward_model_problems(cfg) + _memory_problems(cfg, gpu_total_gib)
-    num_gpus = make_placement(cfg).num_gpus
+        + _reward_model_problems(cfg) + ring_problems(cfg, placement) + _memory_problems(cfg, gpu_total_gib)
+    num_gpus = placement.num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
                         "or lower --actor.num_gpus_per_node and --vllm.num_engines")
@@ -279,15 +288,9 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
 
 
 def _rank_problems(cfg: RunConfig) -> list[str]:
-    """Data-parallel DeepSpeed ranks: one node and ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares would have
-    to run in lockstep). Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py (2026-11-29)."""
+    """Data-parallel DeepSpeed ranks, on one node or several: ZeRO ≤ 2 (ZeRO-3's no-grad forwards of unequal shares
+    would have to run in lockstep). Two ranks on two H200s ran in tests/gpu/test_data_parallel_gpu.py (2026-11-29)."""
     problems, world = [], cfg.actor_world_size
-    nodes = {f"{role}.num_nodes": block.num_nodes for role, block in
-             (("actor", cfg.actor), ("ref", cfg.ref), ("critic", cfg.critic), ("reward", cfg.reward))
-             if block.num_nodes > 1}
-    if nodes:
-        problems.append("not implemented yet: ranks on several nodes (" + ", ".join(f"{k} {v}" for k, v in
-                        nodes.items()) + "); use num_nodes 1 and num_gpus_per_node for the ranks")
     if world > 1 and cfg.ds.zero_stage == 3:
         problems.append(f"not implemented yet: ZeRO-3 with several actor ranks (got {world}); use --ds.zero_stage "
                         "2, or --actor.num_gpus_per_node 1")
@@ -365,35 +368,3 @@ def _reward_model_problems(cfg: RunConfig) -> list[str]:
         return [f"reward.model_name_or_path does not exist: got {path!r}; give a local HF directory holding the "
                 "reward model (a backbone and a value head; `make model` builds data/tiny-qwen3-rm)"]
     return []
-
-
-def count_gpus() -> int:
-    """GPUs visible to this process, from `nvidia-smi -L` (no torch import, no network); 0 without a driver."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return found if visible is None else min(found, len([d for d in visible.split(",") if d.strip()]))
-
-
-def gpu_memory_gib() -> float | None:
-    """Memory of the smallest visible GPU in GiB as CUDA reports it (nvidia-smi's total less what the driver
-    reserves), without importing torch; None without a driver."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    for query in ("memory.total,memory.reserved", "memory.total"):  # older drivers lack memory.reserved
-        try:
-            proc = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=20)
-            rows = [[float(v) for v in line.split(",")] for line in proc.stdout.splitlines() if line.strip()]
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        except ValueError:  # "[N/A]" or an error message instead of numbers
-            continue
-        if proc.returncode == 0 and rows:
-            return min(row[0] - sum(row[1:]) for row in rows) / 1024  # MiB → GiB
-    return None

@@ -57,19 +57,28 @@ class Advantages:
     kl: Tensor          # (B, T) per-token KL(old ‖ ref) by the configured estimator, 0 without a reference
 
 
-def compute_advantages(rewards: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor | None, mask: Tensor,
+def reads_old_logprobs(has_reference: bool, kl_use_loss: bool) -> bool:
+    """Whether advantages depend on the actor's old logprobs: only through the KL-in-reward term (a reference
+    model, KL not a loss). Otherwise an exactly on-policy update can take them from its own forward."""
+    return has_reference and not kl_use_loss
+
+
+def compute_advantages(rewards: Tensor, old_logprobs: Tensor | None, ref_logprobs: Tensor | None, mask: Tensor,
                        s: AdvantageSettings, values: Tensor | None = None) -> Advantages:
     """Advantages and returns of a step (OpenRLHF `experience_maker`, steps 2–4 of inventory §3).
 
     Args:
         rewards: (B,) sequence rewards after length penalties, prompt-major groups of `n_samples_per_prompt`.
-        old_logprobs, ref_logprobs: (B, T) actor (at experience time) and reference logprobs; ref may be None.
+        old_logprobs, ref_logprobs: (B, T) actor (at experience time) and reference logprobs; ref may be None, and
+            old may be None when `reads_old_logprobs` is false (then `kl` is zero).
         mask: (B, T) 0/1 response mask.
         values: (B, T) critic values, required by `gae`.
     """
     shaped = shape_group_rewards(rewards.float(), s.n_samples_per_prompt, s.estimator).clamp(*s.reward_clip)
     token_rewards = place_sequence_rewards(shaped, mask)
-    kl = torch.zeros_like(old_logprobs) if ref_logprobs is None else \
+    if reads_old_logprobs(ref_logprobs is not None, s.kl_use_loss) and old_logprobs is None:
+        raise ValueError("the KL-in-reward term needs the actor's old logprobs: got None")
+    kl = torch.zeros_like(mask) if ref_logprobs is None or old_logprobs is None else \
         kl_penalty(old_logprobs, ref_logprobs, s.kl_estimator) * mask
     if not s.kl_use_loss:
         token_rewards = token_rewards - s.kl_coef * kl

@@ -1,8 +1,10 @@
 """The actor's update for one step: PPO/GSPO micro-batch losses over the step's samples.
 
 Owns turning the committed samples into the maths' tensors per micro-batch (current logprobs and entropy from the
-policy's logits, IS-correction weights from the rollout engine's logprobs). The loop is `minibatch_updates`; the
-maths `hybrid_core.algorithms.experience`. It knows nothing about Ray or the store.
+policy's logits, IS-correction weights from the rollout engine's logprobs) and, for an exactly on-policy step, the old
+logprobs from the update's own forward (detached: the ratio is exactly 1, as with a separate forward of the same
+weights, which is then skipped). The loop is `minibatch_updates`; the maths `hybrid_core.algorithms.experience`. It
+knows nothing about Ray or the store.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from hybrid_core.algorithms.correction import is_weights
 from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatch, actor_objective
 from hybrid_core.algorithms.losses import entropy_from_logits
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
+from hybrid_core.engines.experience_maker import kl_figures
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs
+from hybrid_core.engines.sequence_batch import response_logits, to_response_layout, token_logprobs, unpad
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +30,7 @@ class ISCorrection:
 class TrainSamples:
     prompt_ids: list[list[int]]
     response_ids: list[list[int]]
-    old_logprobs: list[list[float]]
+    old_logprobs: list[list[float]] | None  # None: exactly on-policy, the update's own forward (detached) serves
     ref_logprobs: list[list[float]] | None
     advantages: list[list[float]]
     rollout_logprobs: list[list[float]] | None = None
@@ -37,21 +40,27 @@ class TrainSamples:
 
 
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
-                         correction: ISCorrection | None):
+                         correction: ISCorrection | None, update_logprobs: dict[int, list[float]]):
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
-        old, adv, mask = take(samples.old_logprobs), take(samples.advantages), batch.response_mask
+        adv, mask = take(samples.advantages), batch.response_mask
         ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
-        weights = None
-        if correction is not None:
-            weights = is_weights(old, take(samples.rollout_logprobs), mask, kind=correction.kind,
-                                 low=correction.low, high=correction.high)
+        stored_old = take(samples.old_logprobs) if samples.old_logprobs is not None else None
+        rollout = take(samples.rollout_logprobs) if correction is not None else None
 
         def loss_fn(model):
             logits = response_logits(model, batch)
             entropy = to_response_layout(entropy_from_logits(logits.float()), batch) \
                 if s.entropy_coef is not None else None
             logprobs = to_response_layout(token_logprobs(logits, batch.flat_response_ids), batch)
+            old = stored_old
+            if old is None:  # on-policy: the weights that generated the samples are these, so the ratio is exactly 1
+                old = logprobs.detach()
+                update_logprobs.update(zip(share.indices, unpad(old.cpu(), mask.cpu())))
+            weights = None
+            if correction is not None:
+                weights = is_weights(old, rollout, mask, kind=correction.kind, low=correction.low,
+                                     high=correction.high)
             mb = PolicyMicroBatch(logprobs, old, adv, mask, ref, entropy, weights)
             return actor_objective(mb, s, share.num_tokens, share.sequence_share)
 
@@ -62,8 +71,30 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
 
 def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings, plan: BatchPlan,
               correction: ISCorrection | None = None) -> dict:
-    """Run the step's policy updates; returns per-optimizer-step losses and token-weighted stat means."""
+    """Run the step's policy updates; returns per-optimizer-step losses and token-weighted stat means. Without old
+    logprobs (an exactly on-policy update) it also returns the step's KL figures (`kl_figures`) from its own forward."""
     if correction is not None and samples.rollout_logprobs is None:
         raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples")
+    is_on_policy = samples.old_logprobs is None
+    if is_on_policy and (plan.max_epochs != 1 or len(samples) > plan.batch_size):
+        raise ValueError(f"old logprobs may come from the update's own forward only for one optimizer step over one "
+                         f"epoch: got {len(samples)} samples, train.batch_size {plan.batch_size}, "
+                         f"train.max_epochs {plan.max_epochs}")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
-    return run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction))
+    update_logprobs: dict[int, list[float]] = {}
+    stats = run_updates(engine, lengths, plan, _policy_loss_builder(engine, samples, s, correction, update_logprobs))
+    if not is_on_policy:
+        return stats
+    old = _every_rank_rows(engine, update_logprobs, len(samples))
+    return stats | kl_figures(old, samples.ref_logprobs or [[] for _ in old], s.kl_estimator)
+
+
+def _every_rank_rows(engine: DeepSpeedTrainEngine, rows: dict[int, list[float]], num_samples: int):
+    """The rows each data-parallel rank kept for its samples, merged in sample order."""
+    if engine.world_size > 1:
+        import torch.distributed as dist
+
+        parts: list[dict] = [{} for _ in range(dist.get_world_size())]
+        dist.all_gather_object(parts, rows)
+        rows = {index: row for part in parts for index, row in part.items()}
+    return [rows[i] for i in range(num_samples)]

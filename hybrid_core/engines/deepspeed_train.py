@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConfig
 from hybrid_core.engines.frozen_model import attn_implementation_for, batched_logprobs, device_name, load_causal_lm
+from hybrid_core.engines.ring_attention import new_ring_group
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.host_offload import OptimizerStateMover, PinnedHostBuffer, state_bytes_per_param
 
@@ -33,18 +34,22 @@ def clear_stale_build_locks(extensions_dir: str) -> None:
 
 
 def ds_config(optim: OptimizerFields, ds: DsConfig, train: TrainConfig, world_size: int = 1) -> dict:
-    """DeepSpeed's config for one rank of `world_size` data-parallel ranks. The accumulation count only satisfies
-    DeepSpeed's batch check: the update loop sets each optimizer step's boundary itself."""
+    """DeepSpeed's config for one rank of `world_size` ranks, whose rings of `ds.ring_attn_size` ranks share their
+    samples (world ÷ ring size data-parallel groups). The accumulation count and the batch size only satisfy
+    DeepSpeed's batch check, which counts every rank as data-parallel: the update loop sets each optimizer step's
+    boundary itself."""
     adam = optim.adam
-    per_step = train.micro_batch_size * world_size
+    groups = world_size // ds.ring_attn_size
+    per_step = train.micro_batch_size * groups
     if train.batch_size % per_step:
-        raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size × data-parallel ranks: got "
-                         f"{train.batch_size}, {train.micro_batch_size} × {world_size}; change --train.batch_size "
+        raise ValueError(f"train.batch_size must be a multiple of train.micro_batch_size × data-parallel groups: got "
+                         f"{train.batch_size}, {train.micro_batch_size} × {groups}; change --train.batch_size "
                          "or --train.micro_batch_size")
+    accumulation = train.batch_size // per_step
     return {
-        "train_batch_size": train.batch_size,
+        "train_batch_size": train.micro_batch_size * accumulation * world_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
-        "gradient_accumulation_steps": train.batch_size // per_step,
+        "gradient_accumulation_steps": accumulation,
         "gradient_clipping": optim.max_norm,
         "zero_optimization": {"stage": ds.zero_stage, "overlap_comm": False},
         "bf16": {"enabled": ds.param_dtype == "bf16"},
@@ -68,9 +73,10 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
 
 def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
     """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout and Liger's
-    kernels with `ds.use_liger_kernel`."""
-    model = load_causal_lm(model_path, ds.param_dtype, attn_implementation_for(ds.packing_samples),
-                           ds.use_liger_kernel)
+    kernels (required with `ds.use_liger_kernel`, else by default on CUDA where they apply)."""
+    model = load_causal_lm(model_path, ds.param_dtype,
+                           attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1),
+                           ds.use_liger_kernel or None)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
@@ -117,7 +123,11 @@ class DeepSpeedTrainEngine:
         if on_cpu:
             use_gloo_all_reduce_on_cpu()
         deepspeed.init_distributed(dist_backend="gloo" if on_cpu else "nccl")
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # data-parallel ranks of this role
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()  # DeepSpeed's ranks of this role
+        # rings of ds.ring_attn_size consecutive ranks share their samples: world ÷ ring size data-parallel groups
+        self.ring = new_ring_group(ds.ring_attn_size, ds.ring_attn_head_stride)
+        self.data_parallel_rank = self.rank // ds.ring_attn_size
+        self.data_parallel_size = self.world_size // ds.ring_attn_size
         self.engine, *_ = deepspeed.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
             config=ds_config(optim, ds, train, self.world_size),
@@ -145,7 +155,7 @@ class DeepSpeedTrainEngine:
 
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         self.engine.eval()
-        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, batching)
+        return batched_logprobs(self.engine, prompt_ids, response_ids, self.pad_id, batching, self.ring)
 
     def train_micro_batch(self, loss_fn: Callable[[torch.nn.Module], tuple[torch.Tensor, dict]],
                           is_boundary: bool) -> dict:
@@ -153,7 +163,8 @@ class DeepSpeedTrainEngine:
 
         `loss_fn` returns a loss already normalised for the whole optimizer step (a global token mean over every
         rank's samples), so DeepSpeed must not divide it by the accumulation steps again, and its average over the
-        data-parallel ranks is undone (× ranks) so the ranks' gradients add up; the caller owns the boundary, so an
+        data-parallel ranks is undone (× ranks) so the ranks' gradients add up (a ring's ranks each hold the part of
+        the micro-batch's gradient that flows through their chunk: they add up too); the caller owns the boundary, so an
         optimizer step may hold fewer micro-batches than `train.batch_size` implies (a filtered or token-budgeted
         step). Every rank must make the same number of calls per optimizer step.
         """

@@ -1,8 +1,9 @@
 """The advantage stage on the actor side: committed rollout + reward datasets → the `advantage` dataset.
 
 Owns reading the two datasets in the same sample order, the actor's old logprobs, the reference logprobs and critic
-values (through callables, so this module needs no Ray), length penalties, and the conversion to and from the maths'
-(B, T) tensors.
+values (through callables, so this module needs no Ray), length penalties, the conversion to and from the maths'
+(B, T) tensors, and the step's KL figures. Without a policy (an exactly on-policy update whose advantages do not read
+the old logprobs) the `old_logprobs` column stays empty: the update's own forward serves as them.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from hybrid_core.data.stage_tables import advantage_table, sample_keys
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.sequence_batch import MicroBatching, pad, unpad
 
+# In the advantage stage's record: its `old_logprobs` column is empty, the update's own forward stands for them.
+OLD_FROM_UPDATE = "old_logprobs_from_update"
 SequenceForward = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
 
 
@@ -30,16 +33,17 @@ class ExperienceSources:
     values: SequenceForward | None = None
 
 
-def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward: pa.Table, sources: ExperienceSources,
-                         settings: AdvantageSettings, penalties: PenaltySettings,
+def make_advantage_table(policy: DeepSpeedTrainEngine | None, rollout: pa.Table, reward: pa.Table,
+                         sources: ExperienceSources, settings: AdvantageSettings, penalties: PenaltySettings,
                          batching: MicroBatching) -> tuple[pa.Table, dict]:
-    """Returns the advantage table and experience statistics (KL to the reference, per token and per sequence)."""
+    """Returns the advantage table and experience statistics (KL to the reference, per token and per sequence).
+    `policy` None: no old-logprob forward (the update takes them from its own forward, and reports the KL figures)."""
     keys = sample_keys(rollout)
     if keys != sample_keys(reward):
         raise RuntimeError("reward rows are not in the rollout's sample order; the reward stage must be redone")
     prompt_ids = rollout.column("prompt_ids").to_pylist()
     response_ids = rollout.column("response_ids").to_pylist()
-    old = engine.logprobs(prompt_ids, response_ids, batching)
+    old = policy.logprobs(prompt_ids, response_ids, batching) if policy is not None else None
     ref = sources.ref_logprobs(prompt_ids, response_ids) if sources.ref_logprobs else None
     values = sources.values(prompt_ids, response_ids) if sources.values else None
     T = max(1, max(len(r) for r in response_ids))
@@ -48,20 +52,24 @@ def make_advantage_table(engine: DeepSpeedTrainEngine, rollout: pa.Table, reward
         torch.tensor(reward.column("reward").to_pylist(), dtype=torch.float32),
         torch.tensor([len(r) for r in response_ids], dtype=torch.long),
         torch.tensor([f == "length" for f in rollout.column("finish_reason").to_pylist()]), penalties)
-    result = compute_advantages(rewards, pad(old, T), pad(ref, T) if ref else None, mask, settings,
-                                pad(values, T) if values else None)
-    empty = [[] for _ in old]
-    columns = {"old_logprobs": old, "ref_logprobs": ref or empty, "values": values or empty,
-               "advantages": unpad(result.advantages, mask), "returns": unpad(result.returns, mask)}
+    result = compute_advantages(rewards, pad(old, T) if old is not None else None, pad(ref, T) if ref else None,
+                                mask, settings, pad(values, T) if values else None)
+    empty = [[] for _ in response_ids]
+    columns = {"old_logprobs": old if old is not None else empty, "ref_logprobs": ref or empty,
+               "values": values or empty, "advantages": unpad(result.advantages, mask),
+               "returns": unpad(result.returns, mask)}
     table = advantage_table(keys, columns)
-    return table, experience_stats(table, settings.kl_estimator)
+    if old is None:
+        return table, {OLD_FROM_UPDATE: 1.0}
+    return table, kl_figures(old, ref or empty, settings.kl_estimator)
 
 
-def experience_stats(table: pa.Table, kl_estimator: str) -> dict:
-    """The statistics `make_advantage_table` reports, recomputed from a committed advantage table (replays)."""
+
+def kl_figures(old: list[list[float]], ref: list[list[float]], kl_estimator: str) -> dict:
+    """The step's KL(old ‖ ref): per token over the step, and the mean over sequences of each sequence's token mean
+    (what the adaptive KL controller reads); zero without a reference."""
     from hybrid_core.algorithms.kl import kl_penalty
 
-    old, ref = table.column("old_logprobs").to_pylist(), table.column("ref_logprobs").to_pylist()
     if not any(ref):
         return {"experience_kl": 0.0, "experience_kl_seq": 0.0}
     T = max(1, max(len(r) for r in old))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from hybrid_core.engines.liger_kernels import apply_liger_kernels
+from hybrid_core.engines.liger_kernels import apply_fast_kernels
+from hybrid_core.engines.ring_attention import RingGroup, RingSettings, register_ring_attention
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward, response_logprobs
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 
@@ -37,8 +38,11 @@ def memory_peak_gib(name: str) -> dict[str, float]:
     return {f"memory_gib/{name}": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def attn_implementation_for(is_packed: bool) -> str | None:
+def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
+
+    With ring attention (`is_ring`: packed rows split over a ring group) it is `hybrid_ring` on every device: the
+    ring's all-gathers around the varlen kernel on CUDA, around exact per-sample sdpa on CPU.
 
     Packed rows on CUDA use PyTorch's varlen flash attention (`varlen_attention`, registered here), which has a
     backward, needs no compile and reads the samples' boundaries from the batch (flash-attn is not installed).
@@ -46,6 +50,8 @@ def attn_implementation_for(is_packed: bool) -> str | None:
     positions; compiled on first use), as does a torch without `torch.nn.attention.varlen`. On CPU the default sdpa
     gets the same samples as a dense block-diagonal causal mask: exact (the padded layout's logprobs), no faster.
     """
+    if is_ring:
+        return register_ring_attention()
     if not (is_packed and device_name() == "cuda"):
         return None
     choice = os.environ.get("HYBRID_PACKED_ATTENTION", "varlen")
@@ -57,9 +63,10 @@ def attn_implementation_for(is_packed: bool) -> str | None:
 
 
 def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str | None = None,
-                   use_liger: bool = False):
-    """Load an HF causal LM from a local directory or a hub id (with Liger's kernels when `use_liger`); fails with
-    the path when a local folder is not a model directory."""
+                   use_liger: bool | None = None):
+    """Load an HF causal LM from a local directory or a hub id, with Liger's kernels as `apply_fast_kernels` decides
+    (None: on CUDA where they apply; True: required; False: never); fails with the path when a local folder is not a
+    model directory."""
     from transformers import AutoModelForCausalLM
 
     if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
@@ -67,8 +74,7 @@ def load_causal_lm(model_path: str, param_dtype: str, attn_implementation: str |
                                 f"{model_path!r}, a folder with no config.json")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                                  attn_implementation=attn_implementation)
-    if use_liger:
-        apply_liger_kernels(model)
+    apply_fast_kernels(model, use_liger)
     return model
 
 
@@ -78,17 +84,22 @@ def load_tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching) -> list[list[float]]:
-    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists."""
-    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching)
+def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                     ring: RingGroup | None = None) -> list[list[float]]:
+    """Response logprobs of every sample, micro-batched by `batching`, as ragged lists (with a `ring`, this rank's
+    chunks of them, gathered)."""
+    return batched_response_forward(response_logprobs, model, prompt_ids, response_ids, pad_id, batching, ring)
 
 
 class FrozenModel:
-    """The reference policy: loaded once, never trained; only answers logprob forwards."""
+    """The reference policy: loaded once, never trained; only answers logprob forwards (with a ring of several
+    ranks, each rank of the ring a chunk of the same samples')."""
 
     def __init__(self, model_path: str, param_dtype: str, pad_id: int, is_packed: bool = False,
-                 use_liger: bool = False):
-        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed), use_liger)
+                 use_liger: bool | None = None, ring: RingSettings = RingSettings(size=1, head_stride=1)):
+        self.ring = ring.join()
+        model = load_causal_lm(model_path, param_dtype, attn_implementation_for(is_packed, self.ring is not None),
+                               use_liger)
         self.model = model.to(device_name()).eval()
         self.model.requires_grad_(False)
         self.pad_id = pad_id
@@ -96,7 +107,7 @@ class FrozenModel:
     def logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
         """Response logprobs; on a GPU the forward's cached blocks go back to the driver afterwards, since the
         rollout engine (another process) needs that memory next."""
-        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching)
+        result = batched_logprobs(self.model, prompt_ids, response_ids, self.pad_id, batching, self.ring)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return result

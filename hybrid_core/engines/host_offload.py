@@ -77,7 +77,7 @@ class OptimizerStateMover:
 
     def __init__(self, zero_optimizer, host: PinnedHostBuffer):
         self.opt, self.host, self.asleep, self._block = zero_optimizer, host, False, None
-        self.last_bytes, self.last_seconds = 0, {}
+        self.last_bytes, self.last_seconds, self.last_wake_seconds = 0, {}, {}
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -156,12 +156,16 @@ class OptimizerStateMover:
         """Bring every state back to the GPU (one allocation, one copy); returns the bytes moved."""
         if not self.asleep:
             return 0
-        total = self.last_bytes
+        total, start = self.last_bytes, time.perf_counter()
         block = torch.empty(_aligned(total), dtype=torch.uint8, device="cuda")
+        allocated = time.perf_counter()
         block.copy_(self.host.get()[:block.numel()], non_blocking=True)
         torch.cuda.synchronize()
+        copied = time.perf_counter()
         for slot in self._layout:
             slot.set(self._view(block, slot))
         self._block, self.asleep = block, False
         self.opt._link_all_hp_params()
+        self.last_wake_seconds = {"allocate": allocated - start, "copy": copied - allocated,
+                                  "relink": time.perf_counter() - copied}
         return total

@@ -3,8 +3,10 @@
 Owns batching (seeded shuffles, `train.batch_size` samples per optimizer step — the last one may be smaller when
 filtering left fewer samples —, then micro-batches of `train.micro_batch_size` samples or, with dynamic batching, of
 at most `train.max_tokens_per_gpu` tokens, cut in the step's seeded order), the accumulation boundary (the step's
-last micro-batch), and averaging the statistics. What a micro-batch's loss is comes from the caller; this module
-knows no RL maths, Ray or store.
+last micro-batch), and averaging the statistics. With ring attention the ranks of a ring train on the same
+micro-batches, each its chunk of them (`sequence_batch.on_ring`): samples are shared out over the data-parallel
+groups (rings), not the ranks. What a micro-batch's loss is comes from the caller; this module knows no RL maths,
+Ray or store.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Callable
 import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import MicroBatching, make_sequence_batch, pad, split_micro_batches
+from hybrid_core.engines.sequence_batch import MicroBatching, make_sequence_batch, on_ring, pad, split_micro_batches
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
@@ -41,26 +43,29 @@ class MicroBatchShare:
 
 def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]], response_ids: list[list[int]],
                         share: MicroBatchShare):
-    """The micro-batch's sequences on the engine's device, and `take(rows)`: its (B, T) slice of a ragged
-    per-token column (old logprobs, advantages, values, …)."""
+    """The micro-batch's sequences on the engine's device (on a ring, this rank's chunk of them), and `take(rows)`:
+    its (B, T) slice of a ragged per-token column (old logprobs, advantages, values, …)."""
     indices = share.indices
     batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], engine.pad_id,
                                 share.is_packed)
     T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
-    return batch.to(device), lambda rows: pad([rows[i] for i in indices], T).to(device)
+    batch = on_ring(batch.to(device), engine.ring, engine.pad_id)
+    return batch, lambda rows: pad([rows[i] for i in indices], T).to(device)
 
 
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)
 
 
-def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batching: MicroBatching, rank: int,
-                       world_size: int) -> list[list[int]]:
-    """This rank's micro-batches of one optimizer step: its share of the samples (every `world_size`-th, from
-    `rank`) cut as usual, then padded with empty micro-batches to the most any rank has. Every rank computes every
-    rank's cut from the same lengths, so all make the same number of backward calls without communicating."""
-    cuts = [split_micro_batches(step_idx[r::world_size], sequence_lengths, batching) for r in range(world_size)]
+def rank_micro_batches(step_idx: list[int], sequence_lengths: list[int], batching: MicroBatching, group: int,
+                       num_groups: int) -> list[list[int]]:
+    """The micro-batches of one optimizer step of data-parallel group `group` of `num_groups` (a rank, or a ring of
+    ranks that share their samples): its share of the samples (every `num_groups`-th, from `group`) cut as usual,
+    then padded with empty micro-batches to the most any group has. Every rank computes every group's cut from the
+    same lengths, so all make the same number of backward calls without communicating, and a ring's ranks the same
+    micro-batches."""
+    cuts = [split_micro_batches(step_idx[g::num_groups], sequence_lengths, batching) for g in range(num_groups)]
     most = max(len(cut) for cut in cuts)
-    return cuts[rank] + [[] for _ in range(most - len(cuts[rank]))]
+    return cuts[group] + [[] for _ in range(most - len(cuts[group]))]
 
 
 def _no_samples_loss(model) -> tuple[torch.Tensor, dict]:
@@ -87,8 +92,8 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
             step_idx = order[start:start + plan.batch_size]
             num_tokens = float(sum(lengths[i][1] for i in step_idx)) or 1.0
             num_sequences = sum(lengths[i][1] > 0 for i in step_idx) or 1
-            micro_batches = rank_micro_batches(step_idx, sequence_lengths, plan.batching, engine.rank,
-                                               engine.world_size)
+            micro_batches = rank_micro_batches(step_idx, sequence_lengths, plan.batching, engine.data_parallel_rank,
+                                               engine.data_parallel_size)
             for m, indices in enumerate(micro_batches):
                 is_boundary = m == len(micro_batches) - 1
                 if not indices:
@@ -104,6 +109,8 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
                     weights[key] += 1.0 if key in ADDITIVE_KEYS else tokens
             num_steps += 1
     if engine.world_size > 1:
+        if engine.ring is not None and engine.ring.rank > 0:  # a ring's ranks computed the same losses: count once
+            totals, weights = defaultdict(float), defaultdict(float)
         totals, weights = _sum_over_ranks(totals), _sum_over_ranks(weights)
     result = {k: totals[k] / (num_steps if k in ADDITIVE_KEYS else weights[k]) for k in totals if weights[k]}
     return result | last

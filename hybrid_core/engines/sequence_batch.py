@@ -5,15 +5,20 @@ Packed (`ds.packing_samples`): the samples back to back in one row, positions re
 mask, and the samples' boundaries (`cu_seq_lens`) for the varlen kernel; the other kernels find the boundaries from the
 positions (`masking_utils.find_packed_sequence_indices`). Either way tokens attend within their own sample only.
 Response tensors are (B, T) with T the longest response, left-aligned, masked by `response_mask`, in both layouts;
-logits are taken at the N response positions only (`response_logits`). It knows nothing about DeepSpeed, vLLM or
-where the sequences came from.
+logits are taken at the N response positions only (`response_logits`). With ring attention (`on_ring`) a packed
+batch carries this rank's share (`ring_batch.RingShard`): the model sees the rank's chunk, the response positions
+and labels are the chunk's, and `to_response_layout` gathers the ring's results into the whole (B, T). It knows
+nothing about DeepSpeed, vLLM or where the sequences came from.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import accumulate
 
 import torch
+
+from hybrid_core.engines.ring_attention import RingGroup
+from hybrid_core.engines.ring_batch import RingShard, shard_packed_row
 
 
 @dataclass
@@ -27,15 +32,21 @@ class SequenceBatch:
     response_mask: torch.Tensor          # (B, T) float 0/1
     cu_seq_lens: torch.Tensor | None = None  # packed: (B + 1,) int32 sample boundaries in the row; None when padded
     max_length: int = 0                  # packed: the longest sample (the varlen kernel's bound)
+    ring: RingShard | None = None        # ring attention: this rank's share of the packed row (`on_ring`)
 
     @property
     def response_positions(self) -> torch.Tensor:
-        """(N,) the flat positions whose logits predict the N response tokens, in row-major (B, T) order."""
+        """(N,) the flat positions whose logits predict the N response tokens, in row-major (B, T) order; on a ring,
+        the n of them in this rank's chunk, as positions of the chunk."""
+        if self.ring is not None:
+            return self.ring.response_positions
         return self.response_index[self.response_mask.bool()]
 
     @property
     def flat_response_ids(self) -> torch.Tensor:
-        """(N,) the response tokens in the order of `response_positions`."""
+        """(N,) the response tokens in the order of `response_positions` (on a ring, this rank's n)."""
+        if self.ring is not None:
+            return self.ring.response_ids
         return self.response_ids[self.response_mask.bool()]
 
     def to(self, device) -> "SequenceBatch":
@@ -122,9 +133,17 @@ def split_micro_batches(indices: list[int], sequence_lengths: list[int], batchin
     return micro_batches
 
 
+def on_ring(batch: SequenceBatch, ring: RingGroup | None, pad_id: int) -> SequenceBatch:
+    """`batch` as this rank of `ring` computes it (`batch` itself without a ring)."""
+    return batch if ring is None else replace(batch, ring=shard_packed_row(batch, ring, pad_id))
+
+
 def model_inputs(batch: SequenceBatch) -> dict:
     """The model's keyword arguments for `batch`. Packed, they include the samples' boundaries under transformers'
-    flash-attention names, which the varlen kernel reads (`varlen_attention`) and the others ignore."""
+    flash-attention names, which the varlen kernel reads (`varlen_attention`) and the others ignore; on a ring,
+    this rank's chunk and the ring kernel's inputs."""
+    if batch.ring is not None:
+        return batch.ring.model_inputs()
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
               "position_ids": batch.position_ids, "use_cache": False}
     if batch.cu_seq_lens is not None:
@@ -149,7 +168,10 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tenso
 
 
 def to_response_layout(values: torch.Tensor, batch: SequenceBatch) -> torch.Tensor:
-    """(N,) per-response-token values → (B, T), zero where `response_mask` is 0 (differentiable)."""
+    """(N,) per-response-token values → (B, T), zero where `response_mask` is 0 (differentiable). On a ring, this
+    rank's (n,) values: the ring's are gathered first, so every rank gets the whole (B, T)."""
+    if batch.ring is not None:
+        values = batch.ring.gather(values)
     mask = batch.response_mask.bool()
     return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
@@ -176,9 +198,10 @@ def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
 
 
 def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_id: int,
-                             batching: MicroBatching) -> list[list[float]]:
+                             batching: MicroBatching, ring: RingGroup | None = None) -> list[list[float]]:
     """Ragged per-sample results of `per_token_fn(model, batch) -> (B, T)` over every response, micro-batched by
-    `batching`, without gradients (response logprobs of a policy, values of a critic). Sample order is kept."""
+    `batching`, without gradients (response logprobs of a policy, values of a critic). Sample order is kept. With a
+    `ring`, every rank of it must be given the same samples: each computes its chunk of every micro-batch."""
     device = next(model.parameters()).device
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
     out: list[list[float]] = []
@@ -186,5 +209,6 @@ def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_
         for indices in split_micro_batches(list(range(len(prompt_ids))), lengths, batching):
             batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], pad_id,
                                         batching.is_packed).to(device)
+            batch = on_ring(batch, ring, pad_id)
             out.extend(unpad(per_token_fn(model, batch).float().cpu(), batch.response_mask.cpu()))
     return out

@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from hybrid_core.engines.frozen_model import TORCH_DTYPES
-from hybrid_core.engines.liger_kernels import apply_liger_kernels
-from hybrid_core.engines.sequence_batch import MicroBatching, SequenceBatch, batched_response_forward, model_inputs
+from hybrid_core.engines.liger_kernels import apply_fast_kernels
+from hybrid_core.engines.ring_attention import RingGroup
+from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, batched_response_forward, model_inputs,
+                                               to_response_layout)
 
 
 class ValueModel(nn.Module):
@@ -33,7 +35,7 @@ class ValueModel(nn.Module):
 
 
 def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
-                     attn_implementation: str | None = None, use_liger: bool = False) -> ValueModel:
+                     attn_implementation: str | None = None, use_liger: bool | None = None) -> ValueModel:
     from transformers import AutoConfig, AutoModel
 
     if Path(model_path).is_dir() and not (Path(model_path) / "config.json").is_file():  # else a hub id
@@ -41,17 +43,18 @@ def load_value_model(model_path: str, param_dtype: str, head_prefix: str,
                                 f"{model_path!r}, a folder with no config.json")
     backbone = AutoModel.from_pretrained(model_path, dtype=TORCH_DTYPES[param_dtype],
                                          attn_implementation=attn_implementation)
-    if use_liger:
-        apply_liger_kernels(backbone)
+    apply_fast_kernels(backbone, use_liger)
     return ValueModel(backbone, AutoConfig.from_pretrained(model_path).hidden_size, head_prefix)
 
 
 def response_values(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """(B, T) values at the positions that precede each response token, zero where `response_mask` is 0."""
     values = model(**model_inputs(batch))
-    return values.float().flatten()[batch.response_index] * batch.response_mask
+    return to_response_layout(values.float().flatten()[batch.response_positions], batch)
 
 
-def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching):
-    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients."""
-    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching)
+def batched_values(model: nn.Module, prompt_ids, response_ids, pad_id: int, batching: MicroBatching,
+                   ring: RingGroup | None = None):
+    """Ragged per-sample values of every response, micro-batched by `batching`, without gradients (with a `ring`,
+    this rank's chunks of them, gathered)."""
+    return batched_response_forward(response_values, model, prompt_ids, response_ids, pad_id, batching, ring)

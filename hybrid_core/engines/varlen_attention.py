@@ -5,12 +5,16 @@ Owns the kernel call and its registration. The caller passes each micro-batch's 
 flash-attention keyword arguments (`cu_seq_lens_q`/`_k`, `max_length_q`/`_k`: see `sequence_batch.model_inputs`), so
 nothing is recomputed per layer, nothing is compiled and no mask is built (transformers builds none for a kernel
 without a mask function). Where the flash kernel cannot run (CPU, fp32) the same boundaries drive one causal sdpa call
-per sample: exact, and what the CPU tests check the plumbing with. It knows nothing about models, DeepSpeed or RL.
+per sample: exact, and what the CPU tests check the plumbing with. Queries and keys may have boundaries of their own
+(`VarlenBounds`: ring attention gives a rank's queries the keys of the samples' earlier tokens too); a sample's
+queries are then its last keys' positions (causal, bottom-right aligned, as flash attention's). It knows nothing
+about models, DeepSpeed or RL.
 """
 from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -52,16 +56,39 @@ def varlen_attention_forward(module, query, key, value, attention_mask, scaling:
         raise ValueError(f"the {VARLEN_ATTENTION} attention kernel has no dropout: got {dropout}")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (L, H, D)
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
-    if q.is_cuda and q.dtype in FLASH_DTYPES and has_flash_varlen():
-        out = _flash_varlen(q, k, v, cu_seq_lens.to(torch.int32), int(max_length), scale)
-    else:
-        out = _per_sample_sdpa(q, k, v, cu_seq_lens, scale)
+    out = causal_varlen_attention(q, k, v, VarlenBounds.same(cu_seq_lens, int(max_length)), scale)
     return out.unsqueeze(0), None
 
 
-def _flash_varlen(q, k, v, cu_seq_lens, max_length: int, scale: float) -> torch.Tensor:
+@dataclass(frozen=True)
+class VarlenBounds:
+    """Each sample's queries `cu_q[i]:cu_q[i+1]` and keys `cu_k[i]:cu_k[i+1]` (int32) in their packed rows, and the
+    longest of each. A sample has at least as many keys as queries: its queries are its last keys' positions."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    max_q: int
+    max_k: int
+
+    @classmethod
+    def same(cls, cu_seq_lens: torch.Tensor, max_length: int) -> "VarlenBounds":
+        """Queries and keys of the same tokens (a whole packed row)."""
+        cu = cu_seq_lens.to(torch.int32)
+        return cls(cu_q=cu, cu_k=cu, max_q=max_length, max_k=max_length)
+
+
+def causal_varlen_attention(q, k, v, bounds: VarlenBounds, scale: float) -> torch.Tensor:
+    """q (Lq, Hq, D), k/v (Lk, Hkv, D) → (Lq, Hq, D): each sample's queries attend causally to its keys. The flash
+    kernel on CUDA in bf16/fp16, else the exact per-sample sdpa."""
+    if q.is_cuda and q.dtype in FLASH_DTYPES and has_flash_varlen():
+        return _flash_varlen(q, k, v, bounds, scale)
+    return _per_sample_sdpa(q, k, v, bounds, scale)
+
+
+def _flash_varlen(q, k, v, bounds: VarlenBounds, scale: float) -> torch.Tensor:
     """Causal varlen flash attention, across the API changes of torch 2.10 (`is_causal`) and 2.11+
-    (`window_size=(-1, 0)`, `scale`, `enable_gqa`)."""
+    (`window_size=(-1, 0)`, `scale`, `enable_gqa`). Both align the causal mask bottom-right when a sample has more
+    keys than queries."""
     from torch.nn.attention.varlen import varlen_attn
 
     params = _parameter_names(varlen_attn)
@@ -76,7 +103,7 @@ def _flash_varlen(q, k, v, cu_seq_lens, max_length: int, scale: float) -> torch.
             options["enable_gqa"] = True
         else:
             k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
-    return varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+    return varlen_attn(q, k, v, bounds.cu_q, bounds.cu_k, bounds.max_q, bounds.max_k, **options)
 
 
 @functools.cache
@@ -90,11 +117,19 @@ def _repeat_kv_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     return t.repeat_interleave(num_heads // t.shape[1], dim=1)
 
 
-def _per_sample_sdpa(q, k, v, cu_seq_lens, scale: float) -> torch.Tensor:
-    """The exact fallback: causal sdpa on each sample's slice, concatenated back into the packed row."""
+def _per_sample_sdpa(q, k, v, bounds: VarlenBounds, scale: float) -> torch.Tensor:
+    """The exact fallback: sdpa on each sample's slices, concatenated back into the packed row. With as many keys as
+    queries the mask is sdpa's own causal one; with more, query j of n sees the keys up to m − n + j of m."""
     k, v = _repeat_kv_heads(k, q.shape[1]), _repeat_kv_heads(v, q.shape[1])
-    bounds = cu_seq_lens.tolist()
-    parts = [F.scaled_dot_product_attention(*(t[s:e].transpose(0, 1) for t in (q, k, v)), is_causal=True,
-                                            scale=scale).transpose(0, 1)
-             for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+    q_bounds, k_bounds = bounds.cu_q.tolist(), bounds.cu_k.tolist()
+    parts = []
+    for qs, qe, ks, ke in zip(q_bounds[:-1], q_bounds[1:], k_bounds[:-1], k_bounds[1:]):
+        if qe == qs:
+            continue
+        heads_first = [t.transpose(0, 1) for t in (q[qs:qe], k[ks:ke], v[ks:ke])]  # (H, L, D)
+        num_q, num_k = qe - qs, ke - ks
+        mask = None if num_q == num_k else \
+            torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q)
+        parts.append(F.scaled_dot_product_attention(*heads_first, attn_mask=mask, is_causal=mask is None,
+                                                    scale=scale).transpose(0, 1))
     return torch.cat(parts) if parts else q.new_zeros(q.shape)

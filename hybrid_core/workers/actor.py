@@ -12,7 +12,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
+from hybrid_core.algorithms.experience import (ActorLossSettings, AdvantageSettings, PenaltySettings,
+                                               reads_old_logprobs)
 from hybrid_core.algorithms.kl import AdaptiveKLController, FixedKLController
 from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
@@ -24,7 +25,7 @@ from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_ac
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
                                                  start_sleep_buffer)
-from hybrid_core.engines.experience_maker import make_advantage_table
+from hybrid_core.engines.experience_maker import OLD_FROM_UPDATE, make_advantage_table
 from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
@@ -55,6 +56,7 @@ class ActorWorkerArgs:
     sync_bucket_bytes: int
     roles: tuple[str, ...]
     freezing_steps: int
+    is_update_on_policy: bool  # one optimizer step over the step's samples, one epoch (`worker_args.is_on_policy`)
     extensions_dir: str
     sinks: SinkSettings
     ckpt_root: str
@@ -114,7 +116,8 @@ class ActorWorker:
         self.ledger.begin(step, ADVANTAGE.name)
         reset_memory_peak()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
-        table, stats = make_advantage_table(_ShardedPolicy(self), self.store.read(step, ROLLOUT.name),
+        policy = None if self._old_from_update(step) else _ShardedPolicy(self)
+        table, stats = make_advantage_table(policy, self.store.read(step, ROLLOUT.name),
                                             self.store.read(step, "reward"), self._sources(), settings,
                                             self.args.penalties, self.args.experience_batching)
         stats |= memory_peak_gib("actor_experience") | {"kl_coef": self.kl_controller.coef,
@@ -122,6 +125,13 @@ class ActorWorker:
         entry = self.ledger.commit(step, ADVANTAGE.name, table, self.clock, stats)
         return StageResult(stage=ADVANTAGE.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, ADVANTAGE.name), metrics=entry["metrics"])
+
+    def _old_from_update(self, step: int) -> bool:
+        """Whether step `step`'s old logprobs come from its update's own forward (no separate forward): the update is
+        exactly on-policy, the advantages do not read them, and the actor trains this step."""
+        a = self.args
+        return a.is_update_on_policy and step > a.freezing_steps and \
+            not reads_old_logprobs("ref" in a.roles, a.advantage.kl_use_loss)
 
     def _sources(self):
         from hybrid_core.engines.experience_maker import ExperienceSources
@@ -131,11 +141,12 @@ class ActorWorker:
             values=self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
 
     def _remote_forward(self, role: str, method: str):
-        """`role`'s forward of the rows, its ranks each taking a share."""
+        """`role`'s forward of the rows, its ranks (or rings of ranks) each taking a share."""
         def forward(prompt_ids, response_ids):
             workers = rank_group.all_ranks(self.run, role, self._num_ranks(role))
             remote = [(rank, lambda p, r, w=w: getattr(w, method).remote(p, r)) for rank, w in enumerate(workers)]
-            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s)
+            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s,
+                                           ring_size=self.args.ds.ring_attn_size)
         return forward
 
     def _num_ranks(self, role: str) -> int:
@@ -154,7 +165,7 @@ class ActorWorker:
         self.ledger.begin(step, TRAIN.name)
         experience = experience_figures(self.ledger.entry(step, ADVANTAGE.name))
         stats = experience | self._critic_train(step) | self._train_ranks(step, self.kl_controller.coef)
-        self.kl_controller.update(experience.get("experience_kl_seq", 0.0), int(experience.get("num_samples", 0)))
+        self.kl_controller.update(stats.get("experience_kl_seq", 0.0), int(experience.get("num_samples", 0)))
         self.trained_step = step
         if committed is not None:  # trained again after a restore: it must reproduce what it committed
             check_reproduced(step, TRAIN.name, committed["metrics"], stats, REPLAY_TOLERANCE[self.args.train.device])
@@ -198,7 +209,9 @@ class ActorWorker:
     def _train_samples(self, step: int) -> TrainSamples:
         ro, adv = self.store.read(step, ROLLOUT.name), self.store.read(step, ADVANTAGE.name)
         column = lambda table, name: table.column(name).to_pylist()  # noqa: E731
-        return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"), column(adv, "old_logprobs"),
+        old_from_update = OLD_FROM_UPDATE in experience_figures(self.ledger.entry(step, ADVANTAGE.name))
+        return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"),
+                            None if old_from_update else column(adv, "old_logprobs"),
                             column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
                             column(adv, "advantages"), column(ro, "rollout_logprobs"))
 
@@ -322,7 +335,8 @@ class ActorWorker:
 
 
 class _ShardedPolicy:
-    """The policy's no-grad logprobs of the advantage stage, every data-parallel rank computing a share."""
+    """The policy's no-grad logprobs of the advantage stage, every data-parallel group (a rank, or a ring of ranks)
+    computing a share."""
 
     def __init__(self, worker: ActorWorker):
         self.worker = worker
@@ -332,4 +346,5 @@ class _ShardedPolicy:
         remote = [(rank, lambda p, r, peer=peer: peer.logprobs_of.remote(p, r))
                   for rank, peer in enumerate(w._peers(), start=1)]
         return rank_group.sharded_rows(prompt_ids, response_ids, "actor", remote, w.run.stage_timeout_s,
-                                       local=lambda p, r: w.engine.logprobs(p, r, batching))
+                                       local=lambda p, r: w.engine.logprobs(p, r, batching),
+                                       ring_size=w.args.ds.ring_attn_size)

@@ -43,7 +43,8 @@ class CriticWorker:
         pad_id = load_tokenizer(args.model_path).pad_token_id
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds)  # pinned while the model loads
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
-                                 attn_implementation_for(args.ds.packing_samples), args.ds.use_liger_kernel)
+                                 attn_implementation_for(args.ds.packing_samples, args.ds.ring_attn_size > 1),
+                                 args.ds.use_liger_kernel or None)
         self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id,
                                            sleep_buffer)
         self.engine.sleep()
@@ -71,7 +72,7 @@ class CriticWorker:
     def values(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         self.engine.engine.eval()
         return batched_values(self.engine.engine, prompt_ids, response_ids, self.engine.pad_id,
-                              self.args.forward_batching)
+                              self.args.forward_batching, self.engine.ring)
 
     def train(self, step: int) -> dict:
         """The critic's update of step `step` (called by the actor's rank 0, which leads the step's training);

@@ -13,7 +13,7 @@ from hybrid_core.config import RunConfig
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.run_lease import RunLease
 from hybrid_core.engines.checkpoint import newest_checkpoint
-from hybrid_core.plan import engine_layout, role_bundles
+from hybrid_core.plan import engine_layout, role_bundles, run_node_blocks
 from hybrid_core.preflight import run_dir_problems
 from hybrid_core.step_contract import LiveVersions, can_reattach, first_incomplete_step, restore_step
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
@@ -24,7 +24,8 @@ from hybrid_core.workers.ref import RefWorker
 from hybrid_core.workers.reward_model import RewardModelWorker
 from hybrid_core.workers.rollout import RolloutWorker
 from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, forward_batching, model_output_uri,
-                                             num_engines, reward_model_settings, role_ranks, rollout_args)
+                                             num_engines, reward_model_settings, ring_settings, role_ranks,
+                                             rollout_args)
 
 LIVE_TIMEOUT_S = 120  # a live worker still finishing a call of the killed driver answers after it
 CLOSE_TIMEOUT_S = 15  # flushing the metric sinks takes well under a second
@@ -61,10 +62,10 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     the run's number of steps. On a GPU the rollout engines are built first (their memory profile must run before
     the trainers allocate), then the actor's, reference's, critic's and reward model's ranks together; on CPU all at
     once."""
-    num_bundles, bundles = role_bundles(cfg)
+    _, bundles = role_bundles(cfg)
     slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
     on_cpu = cfg.train.device == "cpu"
-    pg = placement.RunPlacement(run, num_bundles, on_cpu)
+    pg = placement.RunPlacement(run, run_node_blocks(cfg), on_cpu)
     ranks = role_ranks(cfg)
     layout = engine_layout(cfg)  # engine e's TP workers on bundles e·T … e·T + T − 1 of the rollout's
     engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(layout.bundles(e).start, slots["rollout"].share),
@@ -77,18 +78,19 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     faults, extensions = placement.injected_faults(), placement.extensions_dir()
     rollout = rollout_args(cfg, faults)
     num_steps = rollout.prompts.num_steps()  # counted here while the processes import: the trainers need it
+    seen = _ask_sees_run_dir(run, {"rollout": engines} | groups)
     building = [e.construct.remote(run, rollout, rank) for rank, e in enumerate(engines)]
     if not on_cpu:
         ray.get(building, timeout=placement.READY_TIMEOUT_S)
     policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
     critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
-    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel)
+    frozen = (cfg.actor.model_name_or_path, cfg.ds.param_dtype, forward_batching(cfg), cfg.ds.use_liger_kernel or None,
+              ring_settings(cfg))
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: frozen,  # the reference's and reward model's replicas are alike: no rank
                "reward": lambda rank: (reward_model_settings(cfg),)}
-    # each DeepSpeed rank's start-up waits until all ranks of its role have joined: all are constructed at once
-    building += [handle.construct.remote(*args_of[role](rank))
-                 for role, handles in groups.items() for rank, handle in enumerate(handles)]
+    building += _construct_where_they_meet(groups, args_of)
+    _check_run_dir_shared(cfg, seen)
     ray.get(building, timeout=placement.READY_TIMEOUT_S)
     counted = ray.get(engines[0].info.remote(), timeout=placement.READY_TIMEOUT_S)["num_steps"]
     if counted != num_steps:  # the driver and the engine read the same dataset the same way: a changed file
@@ -103,11 +105,48 @@ def _rank_slot(first: placement.Slot, rank: int) -> placement.Slot:
 
 
 def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int) -> list:
-    """The role's ranks (the data-parallel ranks of a DeepSpeed role meet at one rendezvous port)."""
-    port = placement.free_port()
-    return [pg.spawn(cls, role, _rank_slot(first, rank), rank=rank,
-                     rendezvous=placement.Rendezvous(rank, num_ranks, port))
+    """The role's ranks, in order across its nodes (rank r on the r-th bundle of its group: see `node_layout`)."""
+    return [pg.spawn(cls, role, _rank_slot(first, rank), rank=rank, rendezvous=placement.Rendezvous(rank, num_ranks))
             for rank in range(num_ranks)]
+
+
+def _construct_where_they_meet(groups: dict[str, list], args_of: dict) -> list:
+    """Construct each role's ranks as soon as its rank 0, once its process is up, has said where they meet: its
+    node's address and a port free there (the driver may be on another node, and 127.0.0.1 reaches only a rank's
+    own). A role's ranks are constructed together: each DeepSpeed rank's start-up waits until all have joined."""
+    asked = {groups[role][0].rendezvous_point.remote(): role for role in groups}
+    building = []
+    while asked:
+        answered, _ = ray.wait(list(asked), num_returns=1, timeout=placement.READY_TIMEOUT_S)
+        if not answered:
+            raise TimeoutError(f"rank 0 of {sorted(asked.values())} did not start within {placement.READY_TIMEOUT_S}s")
+        role, meet_at = asked.pop(answered[0]), ray.get(answered[0])
+        building += [handle.construct.remote(*args_of[role](rank), _meet_at=meet_at)
+                     for rank, handle in enumerate(groups[role])]
+    return building
+
+
+def _ask_sees_run_dir(run: RunRef, workers: dict[str, list]) -> list[tuple[str, object, object]]:
+    """Ask every worker whether its node sees the run's manifest, as the driver does: `(label, handle, object ref)`,
+    answered once its process is up (nothing to ask when workers start before the run is opened, as in tests)."""
+    if not RolloutStore(run.run_dir).exists("manifest.json"):
+        return []
+    return [(f"{role} rank {rank}", handle, handle.sees.remote(run.run_dir))
+            for role, handles in workers.items() for rank, handle in enumerate(handles)]
+
+
+def _check_run_dir_shared(cfg: RunConfig, seen: list[tuple[str, object, object]]) -> None:
+    """Refuse a run whose workers do not all see its run directory: on several nodes store.root must be a shared
+    filesystem or an object store, or each node's datasets and checkpoint shards would stay on its own disk."""
+    answers = ray.get([ref for _, _, ref in seen], timeout=placement.READY_TIMEOUT_S)
+    blind = [(label, handle) for (label, handle, _), sees in zip(seen, answers) if not sees]
+    if not blind:
+        return
+    nodes = ray.get([handle.whereabouts.remote() for _, handle in blind], timeout=placement.READY_TIMEOUT_S)
+    where = ", ".join(f"{label} (node {node['node_ip']})" for (label, _), node in zip(blind, nodes))
+    raise RunDirectoryError(f"store.root {cfg.store.root!r} is not shared by the run's nodes: {where} cannot see "
+                            "the run's manifest.json, which the driver wrote; on several nodes give --store.root a "
+                            "filesystem every node mounts, or s3://bucket/prefix")
 
 
 def live_versions(run: RunRef, engines: int, ranks: dict[str, int]) -> tuple[LiveVersions | None, int]:

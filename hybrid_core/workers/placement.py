@@ -1,15 +1,16 @@
-"""Ray placement for a run: connecting to Ray, the colocated placement group, and creating/killing named actors.
+"""Ray placement for a run: connecting to Ray, the run's placement groups (one per node of each role group, see
+`node_layout`), and creating/killing named actors.
 
 Owns the only reads of environment variables (RAY_ADDRESS, cache locations, HYBRID_FAULTS) and the runtime env each
-role's process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, rendezvous ports). Actors are named
-`<run_id>/<role>/<rank>` in the namespace `hybrid-<run_id>`, detached, and killed when the run ends.
+role's process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, ranks), and where a role's ranks meet: the
+address of the node its rank 0 runs on, with a port free there. Actors are named `<run_id>/<role>/<rank>` in the
+namespace `hybrid-<run_id>`, detached, and killed when the run ends.
 It knows nothing about Prefect or what the workers compute.
 """
 from __future__ import annotations
 
 import importlib
 import logging
-import math
 import os
 import socket
 import sys
@@ -18,9 +19,11 @@ from pathlib import Path
 from typing import Sequence
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
 from hybrid_core.types import RunRef
 from hybrid_core.workers.faults import Fault, parse_faults
 
@@ -63,8 +66,9 @@ def cluster_gpus() -> int | None:
 
 
 def free_port() -> int:
+    """A port free on every interface of this node (a rendezvous is reached from other nodes, not over loopback)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
@@ -90,11 +94,31 @@ def deferred(cls):
         for module in getattr(cls, "PRELOAD", ()):
             importlib.import_module(module)
 
-    def construct(self, *args, **kwargs) -> None:
+    def construct(self, *args, _meet_at: tuple[str, int] | None = None, **kwargs) -> None:
+        if _meet_at is not None:  # where the role's ranks meet: set before DeepSpeed's init reads it
+            os.environ.update(MASTER_ADDR=_meet_at[0], MASTER_PORT=str(_meet_at[1]))
         cls.__init__(self, *args, **kwargs)
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "construct": construct, "__module__": cls.__module__,
-                                       "__doc__": cls.__doc__})
+    methods = {"__init__": __init__, "construct": construct, "rendezvous_point": rendezvous_point,
+               "whereabouts": whereabouts, "sees": sees}
+    return type(cls.__name__, (cls,), methods | {"__module__": cls.__module__, "__doc__": cls.__doc__})
+
+
+def rendezvous_point(self) -> tuple[str, int]:
+    """This node's address (as Ray knows it) and a port free here: where a role's ranks meet, asked of its rank 0."""
+    return ray.util.get_node_ip_address(), free_port()
+
+
+def whereabouts(self) -> dict:
+    """The node this worker runs on and the rendezvous it was given (MASTER_ADDR/PORT: none for engines)."""
+    return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "master_addr": os.environ.get("MASTER_ADDR"), "master_port": os.environ.get("MASTER_PORT")}
+
+
+def sees(self, run_dir: str) -> bool:
+    """Whether this worker's node sees the run's manifest (the driver wrote it; the workers read and write beside
+    it): on several nodes the store must be shared."""
+    return RolloutStore(run_dir).exists("manifest.json")
 
 
 def has_wandb_key() -> bool:
@@ -107,11 +131,11 @@ TRAINER_THREADS = "1"
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the data-parallel ranks of one DeepSpeed role meet (one node: its ranks share the port)."""
+    """A rank among the data-parallel ranks of one DeepSpeed role. Where they meet is known only once rank 0's
+    process runs (its node's address): `construct(..., _meet_at=...)` sets it."""
 
     rank: int = 0
     world_size: int = 1
-    port: int = 0  # 0: a free port of its own (a role of one rank)
 
 
 def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> dict[str, str]:
@@ -123,8 +147,7 @@ def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> 
         env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1",
                 "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     else:
-        env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(rendezvous.port or free_port()), "RANK": str(rendezvous.rank),
+        env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "RANK": str(rendezvous.rank),
                 "LOCAL_RANK": "0", "WORLD_SIZE": str(rendezvous.world_size),
                 "OMP_NUM_THREADS": TRAINER_THREADS, "MKL_NUM_THREADS": TRAINER_THREADS}
     if on_cpu:
@@ -145,22 +168,48 @@ def tp_engine_env(bundle_indices: Sequence[int], worker_share: float) -> dict[st
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one actor goes: a bundle of the run's placement group and its share of that bundle."""
+    """Where one actor goes: a bundle of the run (counted across its placement groups) and its share of it."""
 
     bundle_index: int
     share: float
 
 
-class RunPlacement:
-    """The run's placement group (the bundles `plan.role_bundles` counts) and the actors placed in it."""
+def seat(blocks: Sequence[NodeBlock], bundle_index: int,
+         tp_bundles: Sequence[int] = ()) -> tuple[NodeBlock, int, tuple[int, ...]]:
+    """Where the actor on run-wide bundle `bundle_index` goes: the block (one node's placement group) holding it and
+    its index there; for a vLLM engine, also its TP workers' run-wide `tp_bundles` as indices of that same group.
+    vLLM's Ray executor places the workers in the group its engine's process runs in and reads
+    VLLM_RAY_BUNDLE_INDICES within it, so the engine and its workers must share one node's group."""
+    try:
+        block, (index, *worker_indices) = shared_block(blocks, [bundle_index, *tp_bundles])
+    except ValueError as err:
+        raise ValueError(f"{err}; a vLLM engine and its TP workers sit on one node: vllm.tensor_parallel_size must "
+                         "divide actor.num_gpus_per_node") from err
+    return block, index, tuple(worker_indices)
 
-    def __init__(self, run: RunRef, num_bundles: int, on_cpu: bool):
-        self.run, self.on_cpu = run, on_cpu
-        # on CPU the bundles split one CPU (Ray's CPU count is logical here: vLLM and torch bind their own threads)
-        bundle = {"CPU": math.floor(1000 / num_bundles) / 1000} if on_cpu else {"CPU": 1, "GPU": 1}
-        self.pg = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK",
-                                  name=f"{run.run_id}/pg", lifetime="detached")
-        ray.get(self.pg.ready(), timeout=READY_TIMEOUT_S)
+
+def pg_name(run: RunRef, block: NodeBlock) -> str:
+    return f"{run.run_id}/pg/{block.group}/{block.node}"
+
+
+def is_run_pg(run: RunRef, name: str) -> bool:
+    return name.startswith(f"{run.run_id}/pg/")
+
+
+class RunPlacement:
+    """The run's placement groups, one per node of each role group (`plan.run_node_blocks`), each of STRICT_PACK
+    bundles (they must share one node), and the actors placed in them. A slot's bundle index counts across the
+    run; the block holding it says which group and which bundle of it."""
+
+    def __init__(self, run: RunRef, blocks: Sequence[NodeBlock], on_cpu: bool):
+        self.run, self.on_cpu, self.blocks = run, on_cpu, tuple(blocks)
+        # on CPU each node's bundles split one CPU (Ray's CPU count is logical here: vLLM and torch bind their own
+        # threads), so a run of two nodes asks two CPUs, one on each
+        bundle = {"CPU": cpu_per_bundle(blocks)} if on_cpu else {"CPU": 1, "GPU": 1}
+        refuse_unplaceable(self.blocks, bundle)
+        self.groups = [placement_group([dict(bundle) for _ in block.bundles], strategy="STRICT_PACK",
+                                       name=pg_name(run, block), lifetime="detached") for block in self.blocks]
+        wait_placed(self.groups, self.blocks, bundle)
 
     def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous(),
               tp_bundles: Sequence[int] = ()):
@@ -173,21 +222,40 @@ class RunPlacement:
         env = role_env(role, self.on_cpu, rendezvous)
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
             {"num_cpus": 0, "num_gpus": slot.share}
-        if tp_bundles and not self.on_cpu:  # the TP workers take the GPU shares; the engine's process none
-            env |= tp_engine_env([self.bundle_in_group(b) for b in tp_bundles], slot.share)
+        block, index, worker_indices = seat(self.blocks, slot.bundle_index, tp_bundles)
+        if worker_indices and not self.on_cpu:  # the TP workers take the GPU shares; the engine's process none
+            env |= tp_engine_env(worker_indices, slot.share)
             resources = {"num_cpus": 0, "num_gpus": 0}
-        index = self.bundle_in_group(slot.bundle_index)
-        strategy = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=index)
+        strategy = PlacementGroupSchedulingStrategy(self.groups[self.blocks.index(block)],
+                                                    placement_group_bundle_index=index)
         return ray.remote(deferred(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
                                                  scheduling_strategy=strategy, runtime_env={"env_vars": env},
                                                  **resources).remote(_secrets=secrets())
 
-    def bundle_in_group(self, bundle_index: int) -> int:
-        """The run-wide bundle `bundle_index` as an index of the placement group holding it (the run has one)."""
-        return bundle_index
-
     def remove(self) -> None:
-        remove_placement_group(self.pg)
+        for group in self.groups:
+            remove_placement_group(group)
+
+
+def refuse_unplaceable(blocks: Sequence[NodeBlock], bundle: dict) -> None:
+    """Refuse at once a node's worth of bundles that no node of the cluster has (Ray would wait for ever)."""
+    totals = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    if late := unplaceable(blocks, bundle, totals):
+        widest = {name: max((node.get(name, 0.0) for node in totals), default=0.0) for name in bundle}
+        raise ValueError("no node of the Ray cluster can hold " + "; ".join(
+            f"group {b.group + 1} node {b.node}: {b.num_bundles} bundles of {bundle}" for b in late)
+            + f" (the largest node has {widest}); lower num_gpus_per_node, or add nodes that large")
+
+
+def wait_placed(groups: Sequence[PlacementGroup], blocks: Sequence[NodeBlock], bundle: dict) -> None:
+    """Wait until every placement group is placed; one that cannot be (no node holds its bundles) is named."""
+    ready = [group.ready() for group in groups]
+    pending = ray.wait(ready, num_returns=len(ready), timeout=READY_TIMEOUT_S)[1]
+    if pending:
+        late = [blocks[ready.index(ref)] for ref in pending]
+        raise RuntimeError(f"placement groups not placed within {READY_TIMEOUT_S}s: " + "; ".join(
+            f"group {b.group + 1} node {b.node}: {b.num_bundles} × {bundle} on one node" for b in late)
+            + "; each needs one node with that much free: give the cluster such nodes, or lower num_gpus_per_node")
 
 
 def get_worker(run: RunRef, role: str, rank: int = 0):
@@ -202,12 +270,21 @@ def kill_actor(name: str, namespace: str) -> bool:
         return False
 
 
-def kill_run(run: RunRef, roles=("rollout", "ref", "actor", "critic", "reward"), num_ranks: int = 8) -> None:
-    """Kill every actor of the run and its placement group."""
-    for role in roles:
-        for rank in range(num_ranks):
-            kill_actor(run.actor_name(role, rank), run.namespace)
-    try:
-        remove_placement_group(ray.util.get_placement_group(f"{run.run_id}/pg"))
-    except ValueError:
-        pass
+KILL_ORDER = ("rollout", "ref", "actor", "critic", "reward")
+
+
+def _kill_rank(name: str) -> int:
+    """Where an actor named `<run_id>/<role>/<rank>` comes in `KILL_ORDER`."""
+    role = name.rsplit("/", 2)[-2] if name.count("/") >= 2 else ""
+    return KILL_ORDER.index(role) if role in KILL_ORDER else len(KILL_ORDER)
+
+
+def kill_run(run: RunRef) -> None:
+    """Kill every actor of the run (every named actor of its namespace, however many ranks and nodes), rollout
+    engines first, then remove its placement groups (a driver that did not create them finds them by name)."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == run.namespace]
+    for name in sorted(names, key=_kill_rank):
+        kill_actor(name, run.namespace)
+    for pg_id, info in placement_group_table().items():
+        if is_run_pg(run, info.get("name", "")) and info.get("state") != "REMOVED":
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))

@@ -2,7 +2,8 @@
 
 Rank 0 leads: it starts the same method on ranks 1..n-1 (they wait idle for it, so nothing deadlocks), does its own
 share, and waits for theirs; collectives inside DeepSpeed keep the ranks' updates together. No-grad forwards (and
-rollout engines' prompts) are split into contiguous shares, one per rank, computed at the same time. Owns the
+rollout engines' prompts) are split into contiguous shares, one per rank — with ring attention one per ring of
+consecutive ranks, each rank of it computing its chunk of the same rows —, computed at the same time. Owns the
 shares, the fan-out and the one way a peer's failure is reported: `RankFailure`, naming the role and rank. It knows
 nothing about what the methods compute or about Prefect.
 """
@@ -82,18 +83,22 @@ def gather(role: str, pending: Sequence[tuple[int, object]], timeout_s: float, d
 
 
 def sharded_rows(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
-                 timeout_s: float, local: Callable | None = None) -> list:
-    """One result per row, computed in shares: `local` (this process, the first share) while every remote
-    `(rank, call)` (returning an object ref) computes one of the following shares; an empty share calls nothing."""
+                 timeout_s: float, local: Callable | None = None, ring_size: int = 1) -> list:
+    """One result per row, computed in shares: `local` (this process, rank 0, the first share) while every remote
+    `(rank, call)` (returning an object ref; ranks in order) computes one of the following shares; an empty share
+    calls nothing. With `ring_size` > 1 each ring of that many consecutive ranks takes one share, all its ranks the
+    same rows, and the results of its first rank are kept (every rank of a ring returns the gathered whole)."""
     deadline = _deadline(timeout_s)
     calls = ([(0, local)] if local is not None else []) + list(remote)
-    shares = [(rank, call, a, b) for (rank, call), (a, b) in zip(calls, share_bounds(len(prompt_ids), len(calls)))
-              if b > a]
+    bounds = share_bounds(len(prompt_ids), len(calls) // ring_size)
+    shares = [(rank, call, *bounds[i // ring_size]) for i, (rank, call) in enumerate(calls)]
+    shares = [(rank, call, a, b) for rank, call, a, b in shares if b > a]
     pending = [(rank, call(prompt_ids[a:b], response_ids[a:b])) for rank, call, a, b in shares if call is not local]
     own = shares[0] if shares and shares[0][1] is local else None
     rows = list(local(prompt_ids[own[2]:own[3]], response_ids[own[2]:own[3]])) if own else []
-    for result in gather(role, pending, timeout_s, deadline):
-        rows.extend(result)
+    for (rank, _), result in zip(pending, gather(role, pending, timeout_s, deadline)):
+        if rank % ring_size == 0:  # the ring's other ranks returned the same rows
+            rows.extend(result)
     return rows
 
 

@@ -12,6 +12,7 @@ from hybrid_core.data.metric_sinks import SinkSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.reward_model import RewardModelSettings
+from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan import engine_layout, make_placement, sync_transport
@@ -59,6 +60,13 @@ def total_optimizer_steps(cfg: RunConfig, num_steps: int) -> int:
     return num_steps * cfg.train.max_epochs * max(1, -(-samples_per_step // cfg.train.batch_size))
 
 
+def is_on_policy(cfg: RunConfig) -> bool:
+    """One optimizer step over each step's samples and one epoch: the update starts from the weights that generated
+    them (its own forward then serves as the old logprobs)."""
+    samples_per_step = cfg.rollout.batch_size * cfg.rollout.n_samples_per_prompt
+    return cfg.train.max_epochs == 1 and samples_per_step <= cfg.train.batch_size
+
+
 def ckpt_root(cfg: RunConfig, run: RunRef) -> str:
     """`ckpt.path` when set, else `<run dir>/ckpt`."""
     return cfg.ckpt.path if "ckpt.path" in changed_fields(cfg) else f"{run.run_dir}/ckpt"
@@ -70,20 +78,27 @@ def model_output_uri(cfg: RunConfig, run: RunRef) -> str:
 
 
 def train_batching(cfg: RunConfig) -> MicroBatching:
-    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens."""
+    """Micro-batches of the updates: `train.micro_batch_size` samples, or `train.max_tokens_per_gpu` tokens a GPU
+    (a micro-batch is split over a ring's `ds.ring_attn_size` GPUs, so it holds that many times the budget, as in
+    OpenRLHF)."""
     t = cfg.train
     return MicroBatching(num_samples=t.micro_batch_size,
-                         max_tokens=t.max_tokens_per_gpu if t.dynamic_batch_enable else None,
+                         max_tokens=t.max_tokens_per_gpu * cfg.ds.ring_attn_size if t.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples)
 
 
 def forward_batching(cfg: RunConfig) -> MicroBatching:
     """Micro-batches of the no-grad logprob/value forwards: `rollout.micro_batch_size` samples, or with dynamic
-    batching `rollout.max_tokens_per_gpu` tokens (the train budget when unset)."""
-    budget = cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu
+    batching `rollout.max_tokens_per_gpu` tokens a GPU (the train budget when unset; × the ring size, as above)."""
+    budget = (cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
                          is_packed=cfg.ds.packing_samples)
+
+
+def ring_settings(cfg: RunConfig) -> RingSettings:
+    """Ring attention of the reference's ranks (the DeepSpeed roles read it from `ds`)."""
+    return RingSettings(size=cfg.ds.ring_attn_size, head_stride=cfg.ds.ring_attn_head_stride)
 
 
 def engine_settings(cfg: RunConfig) -> EngineSettings:
@@ -173,7 +188,8 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         advantage=advantage_settings(cfg), penalties=penalties, loss=loss_settings(cfg), correction=is_correction(cfg),
         experience_batching=forward_batching(cfg), train_batching=train_batching(cfg),
         total_optimizer_steps=total_optimizer_steps(cfg, num_steps), sync_bucket_bytes=cfg.vllm.sync_bucket_mb * 2**20,
-        roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, extensions_dir=extensions_dir,
+        roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, is_update_on_policy=is_on_policy(cfg),
+        extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
         engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)

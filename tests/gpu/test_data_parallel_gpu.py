@@ -33,19 +33,25 @@ def two_rank_config(standin, root):
     cfg["actor"] |= {"num_gpus_per_node": 2, "entropy_coef": 0.01}  # no reward on the stand-in: entropy moves it
     cfg["ref"] |= {"num_gpus_per_node": 2}
     cfg["vllm"] |= {"num_engines": 2}
+    # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
+    cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
 
 def test_two_ranks_push_their_weights_to_their_engines(standin, two_gpus, tmp_path):
-    import pyarrow.dataset as pds
-
     config = two_rank_config(standin, tmp_path)
     done = subprocess.run([sys.executable, "-c", RUN, str(config)], cwd=REPO_ROOT, env=product_env(tmp_path),
                           capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-6000:])
     assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "dp2"
+    check_engines_match_actor(tmp_path / "runs" / "dp2")
+
+
+def check_engines_match_actor(run_dir) -> None:
+    """At step 2 each engine's logprobs of its own samples match the trained actor's; the initial weights do not."""
+    import pyarrow.dataset as pds
+
     rollout = pds.dataset(str(run_dir / "steps" / "2" / "rollout"), format="parquet").to_table()
     experience = pds.dataset(str(run_dir / "steps" / "2" / "advantage"), format="parquet").to_table()
     engine, actor = by_sample(rollout, "rollout_logprobs"), by_sample(experience, "old_logprobs")

@@ -10,6 +10,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _load(tiny_dir, dtype: str, use_liger: bool):
+    """use_liger False: the model's own kernels (not the default, which is Liger on CUDA)."""
     from hybrid_core.engines.frozen_model import attn_implementation_for, load_causal_lm
 
     return load_causal_lm(str(tiny_dir), dtype, attn_implementation_for(True), use_liger).cuda().eval()

@@ -89,6 +89,9 @@ def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
 
 
 GAE_FLAGS = ("--algo.advantage.estimator", "gae", "--train.max_steps", "2")
+# two ranks of every role on one node: test_data_parallel_run.py, and the one-node side of test_multinode_run.py
+TWO_RANK_GAE_FLAGS = (*GAE_FLAGS, "--actor.num_gpus_per_node", "2", "--ref.num_gpus_per_node", "2",
+                      "--critic.num_gpus_per_node", "2", "--vllm.num_engines", "2")
 
 
 @pytest.fixture(scope="session")

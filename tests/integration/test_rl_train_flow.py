@@ -109,21 +109,24 @@ def test_advantages_match_the_public_functions(reference_run):
     import torch
 
     from hybrid_core.algorithms.advantages import compute_returns, place_sequence_rewards, shape_group_rewards, whiten
-    from hybrid_core.algorithms.kl import kl_penalty
     from hybrid_core.engines.sequence_batch import pad
 
     cfg, result = reference_run
     base = f"{result.run_dir}/steps/1"
     reward = pds.dataset(f"{base}/reward", format="parquet").to_table()
     adv = pds.dataset(f"{base}/advantage", format="parquet").to_table()
-    old, ref = adv.column("old_logprobs").to_pylist(), adv.column("ref_logprobs").to_pylist()
-    mask = pad([[1.0] * len(r) for r in old])
+    ref = adv.column("ref_logprobs").to_pylist()
+    mask = pad([[1.0] * len(r) for r in ref])
     shaped = shape_group_rewards(torch.tensor(reward.column("reward").to_pylist()), 2, "reinforce_baseline")
-    kl = kl_penalty(pad(old), pad(ref), "k2") * mask
     assert cfg.algo.kl.use_loss  # the demo puts KL in the loss: no KL term in the reward
     expected = whiten(compute_returns(place_sequence_rewards(shaped, mask), mask, 1.0), mask)
     torch.testing.assert_close(pad(adv.column("advantages").to_pylist()), expected * mask, rtol=0, atol=1e-5)
-    assert float(kl.abs().sum()) < 1e-6  # step 1: the policy is still the reference
+    # one optimizer step over the step's 4 samples, and the advantages do not read the actor's old logprobs: the
+    # update's own forward serves as them, so the advantage stage ran no actor forward and commits none
+    assert adv.column("old_logprobs").to_pylist() == [[]] * adv.num_rows
+    manifest = json.loads((Path(result.run_dir) / "manifest.json").read_text())
+    assert manifest["steps"]["1"]["advantage"]["metrics"]["old_logprobs_from_update"] == 1.0
+    assert manifest["steps"]["1"]["train"]["metrics"]["experience_kl"] < 1e-6  # step 1: still the reference
 
 
 def test_metrics_reach_tensorboard_and_offline_wandb(reference_run):

@@ -57,8 +57,9 @@ def distributed_run(tmp_path_factory, tiny_model, ray_session):
                      "--actor.adam.lr", "0.01", "--vllm.sync_bucket_mb", "1",
                      "--reward.remote_url", distinct_chars_reward(root), "--vllm.num_engines", "2"])
     assert sync_transport(cfg) == "process_group:gloo"
-    # the rollout group's first bundle; engine r takes bundle 2 + r
-    assert role_bundles(cfg) == (4, {"actor": (0, 0.25), "ref": (1, 0.25), "rollout": (2, 0.25)})
+    # the rollout group's first bundle; engine r takes bundle 2 + r. The engines fill nodes as wide as the actor's
+    # (one bundle): node 0 holds the actor's, the reference's and engine 0's bundles, a third of a CPU each
+    assert role_bundles(cfg) == (4, {"actor": (0, 0.333), "ref": (1, 0.333), "rollout": (2, 0.333)})
     run = run_ref(cfg, "sync-test-distributed")
     try:
         launch.start_workers(cfg, run)

@@ -1,13 +1,16 @@
 """engine_layout: where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
 configuration (plan.engine_layout), what `hybrid plan` shows of it, what a GPU engine's process is told (placement)
-and how vLLM runs the workers (vllm_rollout.executor_backend)."""
+where a GPU engine and its workers sit on several nodes (placement.seat), and how vLLM runs the workers
+(vllm_rollout.executor_backend)."""
 import pytest
 
 from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.engines.vllm_rollout import executor_backend
 from hybrid_core.flags import parse_cli
-from hybrid_core.plan import engine_layout, preflight_problems, render_plan, role_bundles, sync_transport
-from hybrid_core.workers.placement import role_env, tp_engine_env
+from hybrid_core.plan import (engine_layout, preflight_problems, render_plan, role_bundles, run_node_blocks,
+                              sync_transport)
+from hybrid_core.workers.placement import pg_name, role_env, seat, tp_engine_env
+from hybrid_core.workers.worker_args import run_ref
 from test_plan import INPUT_FLAGS
 
 
@@ -85,6 +88,38 @@ def test_an_engine_of_tp_workers_is_told_their_bundles_and_share_on_gpus_and_not
     # vLLM's CPU build binds each TP worker's threads to a NUMA node of its own unless told not to (one node here)
     assert role_env("rollout", on_cpu=True)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert "VLLM_CPU_OMP_THREADS_BIND" not in role_env("rollout", on_cpu=False)
+
+
+def test_on_two_nodes_an_engine_and_its_tp_workers_sit_in_their_nodes_placement_group_beside_their_feeders():
+    cfg = colocated(4, 4, 2, "--actor.num_nodes", "2", "--ref.num_nodes", "2")
+    assert preflight_problems(cfg, num_gpus_found=8) == []
+    run, blocks, layout = run_ref(cfg, "r"), run_node_blocks(cfg), engine_layout(cfg)
+    share = role_bundles(cfg)[1]["rollout"][1]
+
+    def spawned(engine: int) -> tuple[str, int, dict[str, str]]:
+        """What `launch` asks `RunPlacement.spawn` for engine `engine` and where it goes: its placement group, its
+        process's bundle there and the env that places its TP workers."""
+        block, index, workers = seat(blocks, layout.bundles(engine).start, layout.bundles(engine))
+        return pg_name(run, block), index, tp_engine_env(workers, share)
+
+    # 8 bundles (actor rank r on bundle r), one STRICT_PACK group a node: bundles 0-3 on node 0, 4-7 on node 1;
+    # engine e's workers on run-wide bundles 2e, 2e + 1: engines 0, 1 in node 0's group, 2, 3 in node 1's, their
+    # indices counted within that group (what VLLM_RAY_BUNDLE_INDICES means to vLLM's Ray executor)
+    assert [spawned(engine) for engine in range(4)] == [
+        ("r/pg/0/0", 0, {"VLLM_RAY_BUNDLE_INDICES": "0,1", "VLLM_RAY_PER_WORKER_GPUS": "0.2"}),
+        ("r/pg/0/0", 2, {"VLLM_RAY_BUNDLE_INDICES": "2,3", "VLLM_RAY_PER_WORKER_GPUS": "0.2"}),
+        ("r/pg/0/1", 0, {"VLLM_RAY_BUNDLE_INDICES": "0,1", "VLLM_RAY_PER_WORKER_GPUS": "0.2"}),
+        ("r/pg/0/1", 2, {"VLLM_RAY_BUNDLE_INDICES": "2,3", "VLLM_RAY_PER_WORKER_GPUS": "0.2"})]
+    # the actor ranks feeding each engine (CUDA IPC, one per GPU) sit on exactly its workers' bundles
+    actor_first = role_bundles(cfg)[1]["actor"][0]
+    for engine in range(4):
+        block, _, worker_indices = seat(blocks, layout.bundles(engine).start, layout.bundles(engine))
+        assert [seat(blocks, actor_first + rank)[:2] for rank in layout.feeders(engine)] == [
+            (block, index) for index in worker_indices]
+    # an engine whose workers would straddle two nodes' groups is refused, naming both and the rule
+    with pytest.raises(ValueError, match=r"bundles \[3, 3, 4\] must share one node's placement group: they fall in "
+                                         r"group 1 node 0, group 1 node 1; .* must divide actor.num_gpus_per_node"):
+        seat(blocks, 3, (3, 4))
 
 
 def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():

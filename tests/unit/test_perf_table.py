@@ -1,6 +1,7 @@
 """The README's GPU performance table is the one generated from the committed benchmark results."""
 from __future__ import annotations
 
+import json
 import runpy
 from pathlib import Path
 
@@ -39,3 +40,47 @@ def test_training_targets_are_judged_and_missing_figures_say_so():
     assert met == ["yes", "—", "**no**", "—", "yes", "yes", "—", "yes", "—"]
     assert all("not measured yet" in rows[i] for i in (1, 3, 6, 8))
     assert "plan 115.0 vs measured 100.0 GiB (+15.0%)" in rows[7]
+
+
+def _peer_run(wall: float, stages: dict, sha: str = "abc1234") -> dict:
+    return {"meta": {"git_sha": sha}, "figures": {"iteration_wall_s": wall, "iteration_stage_s": stages},
+            "trials": {}, "notes": {}, "errors": {}}
+
+
+HYBRID = _peer_run(25.0, {"rollout": 9.7, "reward": 0.1, "advantage": 6.8, "train": 6.0, "sync": 0.3,
+                          "vllm_wake": 0.1, "orchestration": 2.15})
+OPENRLHF = _peer_run(37.5, {"generation": 12.4, "make_experience": 7.1, "ppo_train": 16.1, "broadcast": 1.73,
+                            "other": 0.17})
+TRL = _peer_run(39.7, {"generation": 11.0, "weight_sync": 0.6, "reward": 0.2, "logprobs": 7.9, "experience": 0.3,
+                       "update": 15.0, "optimizer": 0.4, "other": 4.3})
+
+
+def test_peer_table_sums_each_systems_stages_into_its_columns_and_judges_the_speedup():
+    runs = {"hybrid": (HYBRID["figures"], "h.json @ abc"), "openrlhf": (OPENRLHF["figures"], "o.json @ abc"),
+            "trl": (TRL["figures"], "t.json @ abc")}
+    lines = perf_table["render_peers"]("2026-12-05", runs).splitlines()
+    # other = wall − columns: 25 − (9.7 + 6.9 + 6.0 + 0.3); the wake inside the rollout and orchestration are not
+    # columns of their own
+    assert lines[2] == "| `hybrid train` (this project) | 25.0 s | 9.7 s | 6.9 s | 6.0 s | 0.3 s | 2.1 s |"
+    assert lines[3] == "| OpenRLHF 0.11.2 `train_ppo_ray` | 37.5 s | 12.4 s | 7.1 s | 16.1 s | 1.7 s | 0.2 s |"
+    assert lines[4] == "| TRL 1.16 `GRPOTrainer` | 39.7 s | 11.0 s | 8.4 s | 15.4 s | 0.6 s | 4.3 s |"
+    # 37.5 / 25 is exactly the 1.5× target
+    assert "1.50× the fastest peer (OpenRLHF 0.11.2 `train_ppo_ray`); target ≥ 1.5×: yes" in lines[6]
+    slower = {**runs, "hybrid": ({**HYBRID["figures"], "iteration_wall_s": 25.01}, "h.json @ abc")}
+    assert "**no**" in perf_table["render_peers"]("2026-12-05", slower).splitlines()[6]
+
+
+def test_peer_table_reads_the_newest_session_and_says_what_is_missing(tmp_path):
+    for name, run in (("h200-peers-2026-12-01-hybrid.json", HYBRID), ("h200-peers-2026-12-01-trl.json", TRL),
+                      ("h200-peers-2026-12-05-hybrid.json", _peer_run(20.0, {}, "def5678")),
+                      ("h200-peers-2026-12-05-openrlhf.json", {**OPENRLHF, "figures": {}}),  # cut off in step 1
+                      ("h200-hybrid-2026-12-05.json", HYBRID)):
+        (tmp_path / name).write_text(json.dumps(run))
+    tag, runs = perf_table["peer_session"](tmp_path)
+    assert tag == "2026-12-05" and sorted(runs) == ["hybrid", "openrlhf"]
+    lines = perf_table["render_peers"](tag, runs).splitlines()
+    assert lines[3] == "| OpenRLHF 0.11.2 `train_ppo_ray` | not measured yet |  |  |  |  |  |"
+    assert lines[4].startswith("| TRL 1.16 `GRPOTrainer` | not measured yet |")  # the older session's does not count
+    assert "Speed-up of `hybrid train`: not measured yet" in lines[6]
+    assert "`h200-peers-2026-12-05-hybrid.json @ def5678`" in lines[8]
+    assert perf_table["peer_session"](tmp_path / "none") == (None, {})

@@ -1,12 +1,11 @@
 """plan: placement groups, the not-implemented list and the preflight checks of `hybrid train`."""
-import subprocess
-
 import pytest
 
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
+from hybrid_core.node_layout import NodeBlock
 from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
-                              preflight_problems, render_plan, role_bundles, sync_transport)
+                              preflight_problems, render_plan, role_bundles, run_node_blocks, sync_transport)
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
 from tests.conftest import REPO_ROOT
@@ -17,10 +16,10 @@ INPUTS = {"actor": {"model_name_or_path": str(REPO_ROOT / "data")},
           "reward": {"remote_url": str(REPO_ROOT / "data" / "letters_reward.py")}}
 INPUT_FLAGS = [f"--{ns}.{key}={value}" for ns, block in INPUTS.items() for key, value in block.items()]
 
-SEED_NOT_IMPLEMENTED = [
-    "--ds.ring_attn_size (set to 2)",
-    "--ds.ring_attn_head_stride (set to 2)",
-]
+SEED_NOT_IMPLEMENTED: list[str] = []
+SEED_RING_LINES = ["ring attention: each packed sample split over 2 ranks, 2 K/V head(s) all-gathered at a time",
+                   "  actor: ring groups [0, 1] [2, 3] (2 data-parallel group(s))",
+                   "  ref: ring groups [0, 1] [2, 3] (2 data-parallel group(s))"]
 
 
 def config(**blocks) -> RunConfig:
@@ -60,11 +59,9 @@ def test_seed_plan_text():
     assert lines[4:6] == [
         "    engine 0: TP workers on bundles 0-1, weights by CUDA IPC from actor ranks 0-1 (one per GPU)",
         "    engine 1: TP workers on bundles 2-3, weights by CUDA IPC from actor ranks 2-3 (one per GPU)"]
-    assert lines[6] == "sleep: vLLM on (level 1), DeepSpeed on"
-    assert lines[7] == "not implemented yet:"
-    assert lines[8:] == [f"  {line}" for line in SEED_NOT_IMPLEMENTED]
-    for flag in ("--ds.ring_attn_size", "--ds.ring_attn_head_stride"):
-        assert flag in text
+    assert lines[6:9] == SEED_RING_LINES
+    assert lines[9] == "sleep: vLLM on (level 1), DeepSpeed on"
+    assert lines[10:] == ["not implemented yet: none"]
     assert "--ds.packing_samples" not in text and "--train.dynamic_batch_enable" not in text  # issue #7
 
 
@@ -141,7 +138,8 @@ def test_colocate_all_with_async_keeps_vllm_apart():
                  actor={"num_nodes": 2, "num_gpus_per_node": 4}, ref={"num_nodes": 2, "num_gpus_per_node": 4},
                  vllm={"num_engines": 3})
     groups = make_placement(cfg).groups
-    assert groups == (GpuGroup(("actor", "ref", "critic", "reward"), 8, 2), GpuGroup(("rollout",), 3, 1))
+    # the engines' group is as wide a node as the actor's: its 3 bundles fit one node of 4
+    assert groups == (GpuGroup(("actor", "ref", "critic", "reward"), 8, 2), GpuGroup(("rollout",), 3, 1, per_node=4))
     assert groups[0].gpu_share == 0.2
     assert "3 vLLM engines × TP 1, has its own GPUs" in render_plan(cfg)
 
@@ -162,7 +160,7 @@ def test_cpu_device_asks_no_gpus():
     assert render_plan(cfg).startswith("device: cpu; needs 0 GPUs (1 bundles)")
 
 
-def test_cpu_device_runs_data_parallel_actor_ranks_on_one_node_up_to_zero2():
+def test_cpu_device_runs_data_parallel_actor_ranks_on_one_node_or_several_up_to_zero2():
     def problems(**blocks):
         cfg = config_with_inputs(train={"device": "cpu"}, algo={"advantage": {"estimator": "reinforce"}}, **blocks)
         return preflight_problems(cfg, num_gpus_found=0)
@@ -171,9 +169,10 @@ def test_cpu_device_runs_data_parallel_actor_ranks_on_one_node_up_to_zero2():
     assert problems(actor={"num_gpus_per_node": 2}, ds={"zero_stage": 3}) == [
         "not implemented yet: ZeRO-3 with several actor ranks (got 2); use --ds.zero_stage 2, or "
         "--actor.num_gpus_per_node 1"]
-    assert problems(actor={"num_nodes": 2}) == [
-        "not implemented yet: ranks on several nodes (actor.num_nodes 2); use num_nodes 1 and num_gpus_per_node "
-        "for the ranks"]
+    assert problems(actor={"num_nodes": 2, "num_gpus_per_node": 1}) == []
+    assert problems(actor={"num_nodes": 2, "num_gpus_per_node": 1}, ds={"zero_stage": 3}) == [
+        "not implemented yet: ZeRO-3 with several actor ranks (got 2); use --ds.zero_stage 2, or "
+        "--actor.num_gpus_per_node 1"]
 
 
 def test_seed_plan_appends_the_memory_estimate():
@@ -216,34 +215,6 @@ def test_preflight_refuses_a_plan_that_does_not_fit():
     assert not any(p.startswith("GPU memory") for p in preflight_problems(cfg, 1, gpu_total_gib=2000.0))
 
 
-def _fake_nvidia_smi(monkeypatch, answers: dict[str, tuple[int, str]]):
-    from hybrid_core import plan
-
-    def run(args, **_):
-        query = args[1].removeprefix("--query-gpu=")
-        returncode, stdout = answers[query]
-        return subprocess.CompletedProcess(args, returncode, stdout, "")
-
-    monkeypatch.setattr(plan.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(plan.subprocess, "run", run)
-
-
-def test_gpu_memory_from_nvidia_smi(monkeypatch):
-    from hybrid_core.plan import gpu_memory_gib
-
-    # an H200: 143771 MiB total, 588 MiB reserved by the driver → 143183 MiB = 139.83 GiB; the smaller GPU counts
-    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (0, "143771, 588\n143771, 600\n")})
-    assert gpu_memory_gib() == pytest.approx((143771 - 600) / 1024, rel=0, abs=1e-9)
-    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (0, "81559, [N/A]\n"),
-                                   "memory.total": (0, "81559\n")})
-    assert gpu_memory_gib() == pytest.approx(81559 / 1024, rel=0, abs=1e-9)
-    _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (6, "Field is not a valid field\n"),
-                                   "memory.total": (9, "")})
-    assert gpu_memory_gib() is None
-    monkeypatch.setattr("hybrid_core.plan.shutil.which", lambda name: None)
-    assert gpu_memory_gib() is None
-
-
 ONE_GPU = ["--actor.model_name_or_path", "m", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node", "1",
            "--algo.advantage.estimator", "reinforce", "--reward.remote_url", "r.py"]
 
@@ -275,3 +246,54 @@ def test_separate_groups_get_bundles_of_their_own_and_a_process_group_sync():
     assert role_bundles(gloo) == (3, {"actor": (0, 0.333), "ref": (1, 0.333), "rollout": (2, 0.333)})
     assert sync_transport(gloo) == "process_group:gloo"
     assert not [p for p in preflight_problems(gloo, 0) if "separate" in p]
+
+
+# actor and reference ranks on 2 nodes × 2 GPUs
+TWO_NODES = ["--actor.model_name_or_path", "m", "--actor.num_nodes", "2", "--actor.num_gpus_per_node", "2",
+             "--ref.num_nodes", "2", "--ref.num_gpus_per_node", "2", "--algo.advantage.estimator", "reinforce",
+             "--reward.remote_url", "r.py", "--algo.kl.init_coef", "0.01"]
+
+
+def on_device(cfg: RunConfig, device: str) -> RunConfig:
+    return cfg.model_copy(update={"train": cfg.train.model_copy(update={"device": device})})
+
+
+def test_colocated_roles_on_two_nodes_get_one_placement_group_a_node_ranks_in_order():
+    cfg = parse_cli([*TWO_NODES, "--train.colocate_all", "--train.device", "cuda", "--vllm.num_engines", "4"])
+    assert make_placement(cfg).groups == (GpuGroup(("actor", "ref", "rollout"), num_bundles=4, num_nodes=2),)
+    assert run_node_blocks(cfg) == (NodeBlock(group=0, node=0, first_bundle=0, num_bundles=2),
+                                    NodeBlock(group=0, node=1, first_bundle=2, num_bundles=2))
+    # rank r of every role (and engine r) on bundle r: ranks 0-1 on node 0, ranks 2-3 on node 1, each engine on the
+    # GPU of the actor rank that pushes its weights by CUDA IPC
+    assert role_bundles(cfg) == (4, {"actor": (0, 0.2), "ref": (0, 0.2), "rollout": (0, 0.2)})
+    assert sync_transport(cfg) == "cuda_ipc"
+    lines = render_plan(cfg).splitlines()
+    assert lines[0] == "device: cuda; needs 4 GPUs (4 bundles) on 2 node(s) of 2"
+    assert lines[2:5] == [
+        "  group 1: 4 bundles of 1 GPU on 2 node(s); roles and GPU share per bundle: actor 0.2, ref 0.2, rollout 0.2",
+        "    node 0: 2 bundles (a placement group of its own), ranks 0-1",
+        "    node 1: 2 bundles (a placement group of its own), ranks 2-3"]
+    # on CPU each node lends one CPU: two bundles of 0.5 a node, each split in three shares rounded down
+    assert role_bundles(on_device(cfg, "cpu")) == (4, {"actor": (0, 0.166), "ref": (0, 0.166), "rollout": (0, 0.166)})
+    assert not [p for p in preflight_problems(cfg, 4) if "node" in p]
+
+
+def test_separate_groups_on_two_nodes_each_get_a_placement_group_a_node():
+    cfg = parse_cli([*TWO_NODES, "--train.device", "cuda", "--vllm.num_engines", "3"])
+    # the engines' group has no per-node flag: its nodes are as wide as the actor's, the last takes the rest
+    assert make_placement(cfg).groups == (GpuGroup(("actor",), 4, 2), GpuGroup(("ref",), 4, 2),
+                                          GpuGroup(("rollout",), 3, 2, per_node=2))
+    assert run_node_blocks(cfg) == (NodeBlock(group=0, node=0, first_bundle=0, num_bundles=2),
+                                    NodeBlock(group=0, node=1, first_bundle=2, num_bundles=2),
+                                    NodeBlock(group=1, node=0, first_bundle=4, num_bundles=2),
+                                    NodeBlock(group=1, node=1, first_bundle=6, num_bundles=2),
+                                    NodeBlock(group=2, node=0, first_bundle=8, num_bundles=2),
+                                    NodeBlock(group=2, node=1, first_bundle=10, num_bundles=1))
+    assert role_bundles(cfg) == (11, {"actor": (0, 1.0), "ref": (4, 1.0), "rollout": (8, 1.0)})
+    assert sync_transport(cfg) == "process_group:nccl"
+    # on CPU node 0 of the three groups holds 2 + 2 + 2 bundles, sharing one CPU
+    assert role_bundles(on_device(cfg, "cpu")) == (11, {"actor": (0, 0.166), "ref": (4, 0.166), "rollout": (8, 0.166)})
+    assert render_plan(cfg).splitlines()[8:11] == [
+        "  group 3: 3 bundles of 1 GPU on 2 node(s); roles and GPU share per bundle: rollout 1",
+        "    node 0: 2 bundles (a placement group of its own), ranks 0-1",
+        "    node 1: 1 bundle (a placement group of its own), rank 2"]

@@ -1,4 +1,5 @@
-"""Unit tests for hybrid_core.engines.liger_kernels: which of Liger's patches are asked for and the errors.
+"""Unit tests for hybrid_core.engines.liger_kernels: which of Liger's patches are asked for, the default (on CUDA
+where they apply, with a message where they do not), and the errors.
 
 Liger's kernels are Triton (CUDA only) and the package is not installed on CPU machines, so these tests put a
 recording stand-in for its patch table in place; tests/gpu/test_liger_gpu.py runs the real kernels."""
@@ -8,7 +9,7 @@ import types
 import pytest
 import torch
 
-from hybrid_core.engines.liger_kernels import apply_liger_kernels
+from hybrid_core.engines.liger_kernels import apply_fast_kernels, apply_liger_kernels
 
 
 class _Model(torch.nn.Module):
@@ -56,3 +57,25 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails as when it is not installed
     with pytest.raises(ImportError, match=r"pip install 'hybrid-engine\[liger\]'"):
         apply_liger_kernels(_Model("qwen3"))
+
+
+def test_the_default_applies_them_on_cuda_only_and_says_why_not(monkeypatch, caplog):
+    calls = []
+    _install_fake_liger(monkeypatch, calls)
+    assert apply_fast_kernels(_Model("qwen3"), None) is False and not calls  # CPU: the model's own kernels
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert apply_fast_kernels(_Model("qwen3"), None) is True and len(calls) == 1
+    assert apply_fast_kernels(_Model("qwen3"), False) is False and len(calls) == 1  # asked for the model's own
+    with caplog.at_level("WARNING"):
+        assert apply_fast_kernels(_Model("gpt_oss_x"), None) is False
+    assert "Liger has none for model type 'gpt_oss_x'; the model's own kernels run" in caplog.text
+    with pytest.raises(ValueError, match="drop --ds.use_liger_kernel"):  # the flag still requires them
+        apply_fast_kernels(_Model("gpt_oss_x"), True)
+
+
+def test_the_default_without_the_package_says_how_to_install_it(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with caplog.at_level("WARNING"):
+        assert apply_fast_kernels(_Model("qwen3"), None) is False
+    assert "liger-kernel package is not installed (pip install 'hybrid-engine[liger]')" in caplog.text

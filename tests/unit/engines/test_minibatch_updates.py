@@ -28,6 +28,7 @@ class TorchTrainEngine:
     def __init__(self, model: torch.nn.Module):
         self.module, self.pad_id = model, 0
         self.rank, self.world_size = 0, 1
+        self.ring, self.data_parallel_rank, self.data_parallel_size = None, 0, 1
         self.optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         self.step_gradients: dict[str, torch.Tensor] = {}  # what the optimizer step applied
         self.boundaries: list[bool] = []

@@ -91,19 +91,23 @@ def _fake_api(monkeypatch, signature: str) -> list[dict]:
     return calls
 
 
+def _bounds(cu_seq_lens: list[int], max_length: int) -> varlen_attention.VarlenBounds:
+    return varlen_attention.VarlenBounds.same(torch.tensor(cu_seq_lens, dtype=torch.int32), max_length)
+
+
 def test_flash_call_for_torch_2_10_repeats_kv_heads(monkeypatch):
     calls = _fake_api(monkeypatch, "2.10")
     q, kv = torch.zeros(6, 4, 8), torch.zeros(6, 2, 8)
-    varlen_attention._flash_varlen(q, kv, kv, torch.tensor([0, 2, 6], dtype=torch.int32), 4, 8 ** -0.5)
+    varlen_attention._flash_varlen(q, kv, kv, _bounds([0, 2, 6], 4), 8 ** -0.5)
     assert calls == [{"key_heads": 4, "is_causal": True, "max_q": 4}]  # no enable_gqa there: heads repeated
     with pytest.raises(ValueError, match="no `scale`"):
-        varlen_attention._flash_varlen(q, kv, kv, torch.tensor([0, 6], dtype=torch.int32), 6, 0.5)
+        varlen_attention._flash_varlen(q, kv, kv, _bounds([0, 6], 6), 0.5)
 
 
 def test_flash_call_for_torch_2_11_passes_causal_window_scale_and_gqa(monkeypatch):
     calls = _fake_api(monkeypatch, "2.11")
     q, kv = torch.zeros(6, 4, 8), torch.zeros(6, 2, 8)
-    varlen_attention._flash_varlen(q, kv, kv, torch.tensor([0, 2, 6], dtype=torch.int32), 4, 0.25)
+    varlen_attention._flash_varlen(q, kv, kv, _bounds([0, 2, 6], 4), 0.25)
     assert calls == [{"key_heads": 2, "window_size": (-1, 0), "scale": 0.25, "enable_gqa": True, "max_q": 4}]
 
 

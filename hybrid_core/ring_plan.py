@@ -1,0 +1,90 @@
+"""Ring attention's groups and rules (`--ds.ring_attn_size N`, `--ds.ring_attn_head_stride S`), as `hybrid plan`
+shows them and `hybrid train` checks them before anything starts.
+
+Owns which ranks form a ring (N consecutive data-parallel ranks; a role of W ranks has W ÷ N of them, each sharing
+every sample it trains on), which roles split their samples so (the policy, the reference and the critic: the
+reward model scores whole samples), and the refusals: a ring without packed samples, a ring size that does not
+divide a role's ranks, a head stride that does not divide the model's K/V heads or is set without a ring.
+Pure functions of a `RunConfig` and its placement (`plan.make_placement`'s, passed in: the plan sits above this
+module): no torch, no Ray.
+"""
+from __future__ import annotations
+
+from hybrid_core.config import RunConfig
+from hybrid_core.memory_plan import model_shape
+
+RING_ROLES = ("actor", "ref", "critic")  # the roles whose forwards split a sample over a ring
+
+
+def ring_group_ranks(world_size: int, ring_size: int) -> list[list[int]]:
+    """The rings of `world_size` ranks: consecutive runs of `ring_size` ranks, in order."""
+    if ring_size < 1 or world_size % ring_size:
+        raise ValueError(f"ds.ring_attn_size must divide the ranks: got {ring_size} for {world_size} ranks")
+    return [list(range(start, start + ring_size)) for start in range(0, world_size, ring_size)]
+
+
+def _role_ranks(placement) -> dict[str, int]:
+    """Ranks of each ringed role of the run: one per bundle of its placement group."""
+    return {role: group.num_bundles for role in RING_ROLES if (group := placement.group_of(role)) is not None}
+
+
+def ring_problems(cfg: RunConfig, placement) -> list[str]:
+    """Why the ring settings cannot run, naming both values and the fix (empty when they can)."""
+    ds, role_ranks = cfg.ds, _role_ranks(placement)
+    size, stride = ds.ring_attn_size, ds.ring_attn_head_stride
+    if size == 1:
+        if stride == 1:
+            return []
+        return [f"ds.ring_attn_head_stride {stride} does nothing without ring attention: got ds.ring_attn_size 1; "
+                "set --ds.ring_attn_size to a divisor of the actor's ranks, or drop --ds.ring_attn_head_stride"]
+    problems = []
+    if not ds.packing_samples:
+        problems.append(f"ds.ring_attn_size {size} splits packed samples: got ds.packing_samples False; add "
+                        "--ds.packing_samples, or drop --ds.ring_attn_size")
+    for role in RING_ROLES:
+        ranks = role_ranks.get(role)
+        if ranks is not None and ranks % size:
+            problems.append(f"ds.ring_attn_size {size} must divide the {role}'s ranks: got {ranks} {role} ranks; "
+                            f"use --ds.ring_attn_size among {_divisors(ranks)}, or give the {role} a multiple of "
+                            f"{size} ranks")
+    return problems + _head_stride_problems(cfg, role_ranks)
+
+
+def _head_stride_problems(cfg: RunConfig, role_ranks: dict[str, int]) -> list[str]:
+    """The stride against each ringed model's K/V heads, where its shape is known (an unknown one is the memory
+    plan's to report)."""
+    stride = cfg.ds.ring_attn_head_stride
+    models = {"actor.model_name_or_path": cfg.actor.model_name_or_path}
+    if "critic" in role_ranks:
+        models["critic.model_name_or_path"] = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path \
+            or cfg.actor.model_name_or_path
+    problems = []
+    for field, path in models.items():
+        try:
+            heads = model_shape(path, field).num_key_value_heads
+        except ValueError:
+            continue
+        if heads % stride:
+            problems.append(f"ds.ring_attn_head_stride {stride} must divide the K/V heads of {field} {path!r}: "
+                            f"got {heads} K/V heads; use --ds.ring_attn_head_stride among {_divisors(heads)}")
+    return problems
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def ring_lines(cfg: RunConfig, placement) -> list[str]:
+    """What `hybrid plan` prints about ring attention: the groups of each ringed role (none without a ring)."""
+    size, role_ranks = cfg.ds.ring_attn_size, _role_ranks(placement)
+    if size == 1:
+        return []
+    lines = [f"ring attention: each packed sample split over {size} ranks, "
+             f"{cfg.ds.ring_attn_head_stride} K/V head(s) all-gathered at a time"]
+    for role in RING_ROLES:
+        ranks = role_ranks.get(role)
+        if ranks is None or ranks % size:
+            continue
+        groups = " ".join(str(group) for group in ring_group_ranks(ranks, size))
+        lines.append(f"  {role}: ring groups {groups} ({ranks // size} data-parallel group(s))")
+    return lines

@@ -1,0 +1,42 @@
+"""Ranks on two nodes of one GPU each: Ray's multi-node test cluster on a machine of two GPUs (each node's raylet sees
+one GPU), running the colocated two-rank run of test_data_parallel_gpu.py with actor and reference ranks on 2 nodes
+× 1 (tests/integration/multinode_run.py). Checks that rank 0 and rank 1 of every role sit on different nodes (Ray's
+placement-group table and the workers' nodes), that NCCL's ranks meet at rank 0's node address (127.0.0.2 or
+127.0.0.3: not 127.0.0.1), and that each rank's CUDA IPC push reached the engine on its GPU (after 2 steps each
+engine's logprobs match the trained actor's). Needs 2 GPUs (skipped on one)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from test_colocated_run_gpu import REPO_ROOT, product_env
+from test_data_parallel_gpu import check_engines_match_actor, two_gpus, two_rank_config  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.gpu
+SCRIPT = REPO_ROOT / "tests" / "integration" / "multinode_run.py"
+
+
+def test_ranks_on_two_nodes_meet_at_rank_0s_node_and_push_to_their_engines(standin, two_gpus, tmp_path):
+    config = two_rank_config(standin, tmp_path)
+    cfg = yaml.safe_load(config.read_text())
+    for role in ("actor", "ref"):
+        cfg[role] |= {"num_nodes": 2, "num_gpus_per_node": 1}
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "placement.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "mn2", str(out), "1", "--config", str(config)],
+                          cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
+    print(done.stdout[-6000:], done.stderr[-6000:])
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    print({key: seen[key] for key in ("workers_started_s", "wall_s", "placement_groups")})
+    nodes, workers = seen["nodes"], seen["workers"]
+    rank_nodes = [workers[f"actor/{rank}"]["node_id"] for rank in (0, 1)]
+    assert sorted(nodes[node] for node in rank_nodes) == ["127.0.0.2", "127.0.0.3"]
+    for role in ("ref", "rollout"):
+        assert [workers[f"{role}/{rank}"]["node_id"] for rank in (0, 1)] == rank_nodes, role
+    assert workers["actor/1"]["master_addr"] == workers["actor/0"]["master_addr"] == nodes[rank_nodes[0]]
+    assert (seen["fresh_start"], seen["attached_again"], seen["num_steps"], seen["left"]) == (True, True, 2, [])
+    check_engines_match_actor(tmp_path / "runs" / "mn2")

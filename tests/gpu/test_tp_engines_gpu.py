@@ -26,6 +26,8 @@ def tp_config(standin, root, num_engines: int, tp: int):
     cfg["actor"] |= {"num_gpus_per_node": gpus, "entropy_coef": 0.01}  # no reward on the stand-in: entropy moves it
     cfg["ref"] |= {"num_gpus_per_node": gpus}
     cfg["vllm"] |= {"num_engines": num_engines, "tensor_parallel_size": tp}
+    # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
+    cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
     cfg.pop("eval")  # the engines' evaluation is the colocated test's; here only their weights matter
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -33,8 +35,6 @@ def tp_config(standin, root, num_engines: int, tp: int):
 
 @pytest.mark.parametrize(("num_engines", "tp"), [(1, 2), (2, 2)], ids=["1-engine-tp2", "2-engines-tp2"])
 def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda, tmp_path, num_engines, tp):
-    import pyarrow.dataset as pds
-
     if cuda.cuda.device_count() < num_engines * tp:
         pytest.skip(f"needs {num_engines * tp} GPUs ({num_engines} engines × TP {tp})")
     config = tp_config(standin, tmp_path, num_engines, tp)
@@ -42,7 +42,14 @@ def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda,
                           cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-6000:])
     assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "tp"
+    check_each_engine_matches_actor(tmp_path / "runs" / "tp", num_engines, tp)
+
+
+def check_each_engine_matches_actor(run_dir, num_engines: int, tp: int) -> None:
+    """At step 2 each engine's logprobs of its own samples (the e-th contiguous share of the prompts) match the
+    trained actor's; the initial weights do not."""
+    import pyarrow.dataset as pds
+
     rollout = pds.dataset(str(run_dir / "steps" / "2" / "rollout"), format="parquet").to_table()
     experience = pds.dataset(str(run_dir / "steps" / "2" / "advantage"), format="parquet").to_table()
     engine, actor = by_sample(rollout, "rollout_logprobs"), by_sample(experience, "old_logprobs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -137,6 +138,8 @@ class DeepSpeedTrainEngine:
         if ds.enable_sleep and not self.can_sleep:
             log.info("ds.enable_sleep: training on CPU keeps every state in host memory already")
         self.state_mover = self._state_mover(sleep_buffer)
+        self._waking: Future | None = None  # a wake started ahead (`wake_up_soon`), on `_waker`'s one thread
+        self._waker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds-wake") if self.state_mover else None
 
     def _state_mover(self, sleep_buffer: PinnedHostBuffer | None) -> OptimizerStateMover | None:
         """Our pinned-buffer mover for ZeRO-1/2; other stages use DeepSpeed's `offload_states`."""
@@ -181,13 +184,26 @@ class DeepSpeedTrainEngine:
     def sleep(self) -> int:
         """Optimizer states, grads and fp32 masters to host; the bf16 weights stay for logprob forwards.
         Returns the bytes moved (0 when nothing moved or DeepSpeed's own path did)."""
+        if self._waking is not None:  # a wake started ahead finishes first: the states are then on the GPU
+            self.wake_up()
         if self.state_mover is not None:
             return self.state_mover.sleep()
         if self.can_sleep:
             self.engine.offload_states()
         return 0
 
+    def wake_up_soon(self) -> None:
+        """Start bringing the states back in a background thread, so the host-to-device copy overlaps other work
+        (the advantage stage's reference forward); `wake_up` then only waits for what is left. Only our pinned-buffer
+        mover does this (DeepSpeed's own reload is not thread-safe to overlap)."""
+        if self.state_mover is None or not self.state_mover.asleep or self._waking is not None:
+            return
+        self._waking = self._waker.submit(self.state_mover.wake_up)
+
     def wake_up(self) -> int:
+        if self._waking is not None:  # started ahead: its result (or its error) is this call's
+            waking, self._waking = self._waking, None
+            return waking.result()
         if self.state_mover is not None:
             return self.state_mover.wake_up()
         if self.can_sleep and getattr(self.engine.optimizer, "offloaded_states", True):

@@ -114,6 +114,8 @@ class ActorWorker:
             return StageResult(stage=ADVANTAGE.name, step=step, seconds=0.0, rows=entry["rows"], replayed=True)
         self._check_weights(step, ADVANTAGE.name)
         self.ledger.begin(step, ADVANTAGE.name)
+        if step > self.args.freezing_steps:  # the optimizer states come back while the reference's forward runs
+            self.engine.wake_up_soon()
         reset_memory_peak()
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         policy = None if self._old_from_update(step) else _ShardedPolicy(self)

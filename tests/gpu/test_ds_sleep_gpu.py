@@ -50,3 +50,26 @@ def test_sleep_frees_the_optimizer_states_and_uses_the_preallocated_buffer(make_
     host = mover.host.get()
     assert host.is_pinned() and moved <= host.numel()
     assert trainer.wake_up() == moved and trainer.sleep() == moved  # the layout is stable across round trips
+
+
+def test_a_wake_started_ahead_gives_the_same_next_step(make_trainer, cuda):
+    """`wake_up_soon` (the advantage stage starts the states' copy back early) then `wake_up` is the plain round trip:
+    the same bytes moved and, bit for bit, the same loss after the next step."""
+    torch = cuda
+
+    def after_round_trip(ahead: bool) -> tuple[int, float]:
+        trainer = make_trainer(lr=1e-4)
+        prompt, response = fixed_sequence(16, 400), fixed_sequence(128, 401)
+        trainer.wake_up()
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        trainer.sleep()
+        if ahead:
+            trainer.wake_up_soon()
+            torch.cuda.synchronize()
+        moved = trainer.wake_up()
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        with torch.no_grad():
+            loss, _ = sft_loss(prompt, response)(trainer.engine)
+        return moved, float(loss)
+
+    assert after_round_trip(ahead=True) == after_round_trip(ahead=False)

@@ -172,10 +172,11 @@ def _per_param_sync(engine, model) -> None:
     """The baseline: one CUDA IPC handle and one engine load call per tensor."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    from hybrid_core.engines.weight_sync import BucketEntry, SharedBucket
+    from hybrid_core.engines.weight_sync import BucketEntry, SharedBucket, gpu_uuid
 
     for name, p in model.named_parameters():
         flat = p.detach().reshape(-1)
-        engine.load_shared_bucket(SharedBucket((BucketEntry(name, tuple(p.shape), 0),), reduce_tensor(flat),
+        engine.load_shared_bucket(SharedBucket((BucketEntry(name, tuple(p.shape), 0),),
+                                               {gpu_uuid(flat.device): reduce_tensor(flat)},
                                                flat.numel() * flat.element_size()))
     engine.finish_weight_update()

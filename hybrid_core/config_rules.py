@@ -63,13 +63,7 @@ def _filtering_problems(cfg: RunConfig) -> list[str]:
 
 
 def _colocation_problems(cfg: RunConfig) -> list[str]:
-    problems = []
-    if cfg.train.colocate_all and not cfg.train.async_enable and cfg.vllm.num_engines is not None:
-        if cfg.actor_world_size != cfg.num_rollout_gpus:
-            problems.append(
-                "train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
-                f"vllm.tensor_parallel_size: got {cfg.actor_world_size} and {cfg.num_rollout_gpus}; "
-                "change --vllm.num_engines or --actor.num_gpus_per_node so both sides match")
+    problems = _engine_gpu_problems(cfg) if cfg.train.colocate_all and not cfg.train.async_enable else []
     pairs = []  # a colocated pair shares one placement group: both roles ask for the same nodes × GPUs
     if (cfg.train.colocate_all or cfg.train.colocate_actor_ref) and cfg.uses_ref:
         pairs.append((cfg.ref, "ref", cfg.actor, "actor"))
@@ -81,6 +75,30 @@ def _colocation_problems(cfg: RunConfig) -> list[str]:
             problems.append(f"{name}.num_nodes and {name}.num_gpus_per_node must equal {owner_name}'s when "
                             f"colocated: got {got} and {want}; pass --{name}.num_nodes {want[0]} "
                             f"--{name}.num_gpus_per_node {want[1]}")
+    return problems
+
+
+def _engine_gpu_problems(cfg: RunConfig) -> list[str]:
+    """Colocated, each of the actor's GPUs holds one TP worker of one engine (OpenRLHF's rule: E × TP = the actor's
+    GPUs), and an engine's workers take the GPUs of one node (weights arrive by CUDA IPC from the rank beside)."""
+    engines, tp, world, per_node = (cfg.vllm.num_engines, cfg.vllm.tensor_parallel_size, cfg.actor_world_size,
+                                    cfg.actor.num_gpus_per_node)
+    if engines is None:  # one engine beside actor rank 0
+        return [f"vllm.tensor_parallel_size {tp} needs vllm.num_engines: got none; pass --vllm.num_engines "
+                f"{max(1, world // tp)} (engines × TP = the actor's {world} GPUs)"] if tp > 1 else []
+    problems = []
+    if engines * tp != world:
+        fix = (f"use --vllm.num_engines {world // tp} ({world} ÷ TP {tp})" if world % tp == 0 else
+               f"use a --vllm.tensor_parallel_size that divides {world} with --vllm.num_engines {world} ÷ TP")
+        problems.append("train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
+                        f"vllm.tensor_parallel_size: got {world} actor GPUs and {engines} engines × TP {tp} = "
+                        f"{engines * tp}; {fix}, or change --actor.num_gpus_per_node to {engines * tp} "
+                        "(with --actor.num_nodes 1)")
+    if per_node % tp:
+        divisors = " or ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+        problems.append(f"vllm.tensor_parallel_size must divide actor.num_gpus_per_node when colocated (an engine's "
+                        f"TP workers share the GPUs of one node's actor ranks): got {tp} and {per_node}; use "
+                        f"--vllm.tensor_parallel_size {divisors}")
     return problems
 
 

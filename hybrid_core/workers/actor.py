@@ -20,6 +20,7 @@ from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.eval_tables import eval_only_row
 from hybrid_core.data.stage_tables import experience_figures, metrics_table, row_from_records
+from hybrid_core.engine_layout import EngineLayout
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
@@ -64,7 +65,7 @@ class ActorWorkerArgs:
     max_num: int
     best_metric_key: str  # ckpt.best_metric_key: "" the first eval/*_pass1, "none" plain rotation
     sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
-    num_engines: int
+    engines: EngineLayout  # the rollout engines and which actor rank feeds each of their TP workers
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
     faults: tuple = ()
 
@@ -241,11 +242,11 @@ class ActorWorker:
         """Every rollout engine loads this policy's weights, then holds `version`; returns the bytes of one copy
         (also how restored weights reach the engines when workers start)."""
         timeout = self.run.stage_timeout_s
-        rollouts = rank_group.all_ranks(self.run, "rollout", self.args.num_engines)
+        rollouts = rank_group.all_ranks(self.run, "rollout", self.args.engines.num_engines)
         rank_group.gather("rollout", [(r, e.begin_weight_update.remote()) for r, e in enumerate(rollouts)], timeout)
-        if self.args.sync_transport == "cuda_ipc" and len(rollouts) > 1:  # rank r's GPU holds engine r
-            peer_calls = [(rank, peer.push_weights.remote(rank)) for rank, peer in enumerate(self._peers(), start=1)]
-            sent = rank_group.with_peers("actor", peer_calls, lambda: self.push_weights(0), timeout)
+        if self.args.sync_transport == "cuda_ipc":  # every rank feeds the engine worker on its own GPU
+            peer_calls = rank_group.started_on_peers(self._peers(), "push_weights")
+            sent = rank_group.with_peers("actor", peer_calls, self.push_weights, timeout)
         else:  # rank 0 sends; under ZeRO-3 the other ranks join the gather of each bucket
             peers = self._peers() if self.engine.is_zero3 else []
             peer_calls = rank_group.started_on_peers(peers, "join_weight_gathers")
@@ -259,10 +260,16 @@ class ActorWorker:
         """Ranks 1..n-1 under ZeRO-3, called by rank 0's sync: gather each bucket beside rank 0, which sends it."""
         return join_bucket_gathers(self.engine.module, self.args.sync_bucket_bytes)
 
-    def push_weights(self, engine_rank: int) -> int:
-        """This rank's weights to the engine on its GPU (CUDA IPC); returns the bytes sent."""
-        engine = rank_group.all_ranks(self.run, "rollout", engine_rank + 1)[engine_rank]
-        return self.sender.send(self.engine.module, self.engine.is_zero3, [engine])
+    def push_weights(self) -> int:
+        """This rank's weights to the engine worker on its GPU (CUDA IPC; `engine_layout`): the engine's first rank
+        sends, the others' handles reach it through the gather; returns the bytes this rank sent."""
+        layout, module, is_zero3 = self.args.engines, self.engine.module, self.engine.is_zero3
+        index = layout.engine_of(self.rank)
+        if index is None:  # no engine beside this rank (without vllm.num_engines one sits beside rank 0) ...
+            return self.sender.send_beside(module, True, None, None) if is_zero3 else 0  # ... yet ZeRO-3 gathers
+        target = rank_group.all_ranks(self.run, "rollout", index + 1)[index] if layout.leads(self.rank) else None
+        feeders = layout.feeders(index) if layout.tensor_parallel_size > 1 else None
+        return self.sender.send_beside(module, is_zero3, target, feeders)
 
     @stamped
     def write_metrics(self, step: int) -> MetricsRow:

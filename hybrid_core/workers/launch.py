@@ -13,7 +13,7 @@ from hybrid_core.config import RunConfig
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.run_lease import RunLease
 from hybrid_core.engines.checkpoint import newest_checkpoint
-from hybrid_core.plan import role_bundles, run_node_blocks
+from hybrid_core.plan import engine_layout, role_bundles, run_node_blocks
 from hybrid_core.preflight import run_dir_problems
 from hybrid_core.step_contract import LiveVersions, can_reattach, first_incomplete_step, restore_step
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
@@ -66,8 +66,10 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
     on_cpu = cfg.train.device == "cpu"
     pg = placement.RunPlacement(run, run_node_blocks(cfg), on_cpu)
     ranks = role_ranks(cfg)
-    engines = [pg.spawn(RolloutWorker, "rollout", _rank_slot(slots["rollout"], rank), rank=rank)
-               for rank in range(num_engines(cfg))]
+    layout = engine_layout(cfg)  # engine e's TP workers on bundles e·T … e·T + T − 1 of the rollout's
+    engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(layout.bundles(e).start, slots["rollout"].share),
+                        rank=e, tp_bundles=layout.bundles(e) if layout.tensor_parallel_size > 1 else ())
+               for e in range(layout.num_engines)]
     groups = {role: _spawn_ranks(pg, cls, role, slots[role], ranks[role])
               for role, cls, is_used in (("actor", ActorWorker, True), ("ref", RefWorker, cfg.uses_ref),
                                          ("critic", CriticWorker, cfg.uses_critic),

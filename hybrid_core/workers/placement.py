@@ -23,7 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid_core.data.rollout_store import RolloutStore
-from hybrid_core.node_layout import NodeBlock, block_of, cpu_per_bundle, unplaceable
+from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
 from hybrid_core.types import RunRef
 from hybrid_core.workers.faults import Fault, parse_faults
 
@@ -152,7 +152,18 @@ def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> 
                 "OMP_NUM_THREADS": TRAINER_THREADS, "MKL_NUM_THREADS": TRAINER_THREADS}
     if on_cpu:
         env |= {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    if on_cpu and role == "rollout":  # TP workers (child processes) leave their threads unbound, as one worker does:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # vLLM's automatic binding wants a NUMA node per worker
     return env
+
+
+def tp_engine_env(bundle_indices: Sequence[int], worker_share: float) -> dict[str, str]:
+    """What vLLM's Ray executor reads to place a GPU engine's TP workers (as OpenRLHF's engines do): one worker actor
+    on each bundle, in order, each asking `worker_share` of that bundle's GPU beside the actor rank that feeds it.
+    The engine's own process asks for no GPU, so Ray leaves its CUDA_VISIBLE_DEVICES alone (Ray ≥ 2.47 does not
+    narrow it to nothing): it schedules, its workers compute."""
+    return {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(index) for index in bundle_indices),
+            "VLLM_RAY_PER_WORKER_GPUS": f"{worker_share:g}"}
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,20 @@ class Slot:
 
     bundle_index: int
     share: float
+
+
+def seat(blocks: Sequence[NodeBlock], bundle_index: int,
+         tp_bundles: Sequence[int] = ()) -> tuple[NodeBlock, int, tuple[int, ...]]:
+    """Where the actor on run-wide bundle `bundle_index` goes: the block (one node's placement group) holding it and
+    its index there; for a vLLM engine, also its TP workers' run-wide `tp_bundles` as indices of that same group.
+    vLLM's Ray executor places the workers in the group its engine's process runs in and reads
+    VLLM_RAY_BUNDLE_INDICES within it, so the engine and its workers must share one node's group."""
+    try:
+        block, (index, *worker_indices) = shared_block(blocks, [bundle_index, *tp_bundles])
+    except ValueError as err:
+        raise ValueError(f"{err}; a vLLM engine and its TP workers sit on one node: vllm.tensor_parallel_size must "
+                         "divide actor.num_gpus_per_node") from err
+    return block, index, tuple(worker_indices)
 
 
 def pg_name(run: RunRef, block: NodeBlock) -> str:
@@ -186,20 +211,25 @@ class RunPlacement:
                                        name=pg_name(run, block), lifetime="detached") for block in self.blocks]
         wait_placed(self.groups, self.blocks, bundle)
 
-    def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous()):
+    def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous(),
+              tp_bundles: Sequence[int] = ()):
         """Start the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one): its process
-        imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks. Its engine is
-        built by `handle.construct.remote(*args)` (see `deferred`)."""
+        imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks; `tp_bundles`
+        are the bundles of a vLLM engine's TP workers. Its engine is built by `handle.construct.remote(*args)`
+        (see `deferred`)."""
         name = self.run.actor_name(role, rank)
         kill_actor(name, self.run.namespace)
+        env = role_env(role, self.on_cpu, rendezvous)
         resources = {"num_cpus": slot.share, "num_gpus": 0} if self.on_cpu else \
             {"num_cpus": 0, "num_gpus": slot.share}
-        block, index = block_of(self.blocks, slot.bundle_index)
+        block, index, worker_indices = seat(self.blocks, slot.bundle_index, tp_bundles)
+        if worker_indices and not self.on_cpu:  # the TP workers take the GPU shares; the engine's process none
+            env |= tp_engine_env(worker_indices, slot.share)
+            resources = {"num_cpus": 0, "num_gpus": 0}
         strategy = PlacementGroupSchedulingStrategy(self.groups[self.blocks.index(block)],
                                                     placement_group_bundle_index=index)
         return ray.remote(deferred(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
-                                                 scheduling_strategy=strategy,
-                                                 runtime_env={"env_vars": role_env(role, self.on_cpu, rendezvous)},
+                                                 scheduling_strategy=strategy, runtime_env={"env_vars": env},
                                                  **resources).remote(_secrets=secrets())
 
     def remove(self) -> None:

@@ -1,19 +1,19 @@
 """Sending the actor's weights to the run's rollout workers, by the run's transport (see `plan.sync_transport`).
 
 Owns the three ways a bucket travels: by value through Ray's object store (colocated on CPU; one object shared
-by every engine), as a CUDA IPC handle of a persistent GPU buffer (colocated on a GPU: the engine maps it, no
-copy), or by a broadcast over the actor↔engines process group (distributed mode: engines on devices of their own;
-one broadcast reaches every engine). It knows nothing about Prefect or what the weights are.
+by every engine), as CUDA IPC handles of persistent GPU buffers (colocated on GPUs: every actor rank hands its copy to
+the engine worker on its GPU, the engine maps it, no copy), or by a broadcast over the actor↔engines process group
+(distributed mode: engines on devices of their own; one broadcast reaches every engine). It knows nothing about
+Prefect or what the weights are.
 """
 from __future__ import annotations
-
-from collections import deque
 
 import ray
 import torch
 
 from hybrid_core.engines.sync_group import WeightSyncGroup
-from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
+from hybrid_core.engines.weight_sync import (BucketBuffers, gather_shared, iter_buckets, largest_bucket_bytes,
+                                             share_bucket)
 from hybrid_core.workers.placement import free_port
 
 
@@ -27,34 +27,41 @@ class WeightSender:
         self.group_peers: list[str] = []
 
     def send(self, module: torch.nn.Module, is_zero3: bool, rollouts: list) -> int:
-        """Every parameter of `module` to every rollout worker; returns the bytes of one copy of the weights."""
+        """Every parameter of `module` to every rollout worker, from this rank alone (object store or broadcast);
+        returns the bytes of one copy of the weights."""
         buckets = iter_buckets(module, self.bucket_bytes, is_zero3)
         if self.transport.startswith("process_group:"):
             return self._broadcast(buckets, rollouts, self.transport.split(":", 1)[1])
         if self.transport == "object_store":
             return sum(self._by_value(bucket, rollouts) for bucket in buckets)
-        if len(rollouts) != 1:
-            raise RuntimeError(f"CUDA IPC sync serves the one engine on the actor's GPU: got {len(rollouts)} engines")
-        return self._cuda_ipc(module, is_zero3, rollouts[0])
+        raise RuntimeError(f"{self.transport} sync goes from every actor rank to the engine on its GPU: "
+                           "call send_beside on each rank")
 
     def _by_value(self, bucket, rollouts: list) -> int:
         shared = ray.put(bucket)
         return ray.get([r.load_bucket.remote(shared) for r in rollouts], timeout=self.timeout_s)[0]
 
-    def _cuda_ipc(self, module: torch.nn.Module, is_zero3: bool, rollout) -> int:
-        """Buckets packed into two persistent buffers in turn; the next is packed while the engine loads one."""
+    def send_beside(self, module: torch.nn.Module, is_zero3: bool, engine, feeders: range | None) -> int:
+        """CUDA IPC: this rank's copy of every bucket to the engine worker on its GPU; returns the bytes it sent.
+
+        Buckets are packed into two persistent buffers in turn, the next packed while the engine loads one. With TP
+        workers (`feeders`: the actor ranks on the engine's GPUs) every rank of the process group packs each bucket,
+        the ranks' handles are gathered, and the engine's first feeder (`engine` given; None on the others) sends
+        them all in one call. A buffer is packed again only after the bucket it held was loaded: the sender waits
+        for the previous load before the gather that lets the other ranks pack their next bucket.
+        """
         if self.buffers is None:
             device = next(module.parameters()).device
             self.buffers = BucketBuffers(largest_bucket_bytes(module, self.bucket_bytes), device)
-        buckets, pending, sent = iter_buckets(module, self.bucket_bytes, is_zero3, self.buffers), deque(), 0
-        while True:
-            while len(pending) >= len(self.buffers.buffers):  # the next buffer is free once its load returned
-                sent += ray.get(pending.popleft(), timeout=self.timeout_s)
-            bucket = next(buckets, None)
-            if bucket is None:
-                return sent + sum(ray.get(list(pending), timeout=self.timeout_s))
+        pending, sent = None, 0
+        for bucket in iter_buckets(module, self.bucket_bytes, is_zero3, self.buffers):
             torch.cuda.synchronize()  # the packed bytes are in memory before another process reads them
-            pending.append(rollout.load_shared_bucket.remote(share_bucket(bucket)))
+            shared = share_bucket(bucket)
+            if pending is not None:
+                sent += ray.get(pending, timeout=self.timeout_s)
+            shared = gather_shared(shared, feeders) if feeders is not None else shared
+            pending = engine.load_shared_bucket.remote(shared) if engine is not None else None
+        return sent + (ray.get(pending, timeout=self.timeout_s) if pending is not None else 0)
 
     def _join(self, rollouts: list, backend: str) -> None:
         """Make the process group (actor rank 0, engine r rank r+1) at the first sync or after any engine changed."""

@@ -16,7 +16,7 @@ from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
-from hybrid_core.plan import make_placement, sync_transport
+from hybrid_core.plan import engine_layout, make_placement, sync_transport
 from hybrid_core.rewards.sources import RewardSourceSpec
 from hybrid_core.types import RunRef
 from hybrid_core.workers.actor import ActorWorkerArgs
@@ -200,7 +200,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
-        num_engines=num_engines(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
+        engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:

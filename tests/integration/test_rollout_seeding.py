@@ -1,9 +1,13 @@
 """`rollout.seed_per_prompt` on the real vLLM CPU build: per-prompt seeds make a rollout independent of batching and
-repeatable (what retries and resumes rely on); without them the engine's own generator draws the noise."""
+repeatable (what retries and resumes rely on); without them the engine's own generator draws the noise. The same
+seeds make an engine of two tensor-parallel workers (vLLM's CPU build runs them as child processes, gloo between
+them) generate the samples of one worker, and engines taking contiguous shares of the prompts generate what one
+engine does with all of them; a weight update changes the TP engine's samples exactly as the one-worker engine's."""
 from __future__ import annotations
 
 import pytest
 import ray
+import torch
 
 from hybrid_core.data.prompts import Prompt
 from hybrid_core.engines.rollout_step import PromptFormat, generate_rows
@@ -15,34 +19,63 @@ PROMPTS = [Prompt(0, "abc", ""), Prompt(1, "hello", ""), Prompt(2, "xyz", "")]
 FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model, ray_session):
+def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
     """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
-    a run); `responses` generates on it. Killed at the end of the module."""
+    a run; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
 
     @ray_session.remote(num_cpus=0)
     class SeedingEngine:
-        def __init__(self, model_path: str):
+        def __init__(self, model_path: str, tensor_parallel_size: int):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
+            # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
+
             self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
-                                                           gpu_memory_utilization=0.05, seed=0, enforce_eager=True,
-                                                           max_model_len=64))
+                                                           gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
+                                                           max_model_len=64, tensor_parallel_size=tensor_parallel_size))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
                                  policy_version=0).to_pylist()
 
-    actor = SeedingEngine.options(runtime_env={"env_vars": role_env("rollout", on_cpu=True)}).remote(str(tiny_model))
+        def score(self, prompt_ids: list, response_ids: list) -> list:
+            return self.engine.score(prompt_ids, response_ids)
+
+        def load_weights(self, named: list) -> None:
+            self.engine.load_weights(named)
+            self.engine.finish_weight_update()
+
+    env = {"env_vars": role_env("rollout", on_cpu=True)}
+    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, ray_session):
+    """The one-worker engine; killed at the end of the module."""
+    actor = engine_actor(ray_session, str(tiny_model), 1)
     yield actor
     ray_session.kill(actor)
 
 
-def responses(engine, prompts, seed_per_prompt: bool, step: int = 1) -> dict[tuple[int, int], list[int]]:
+@pytest.fixture(scope="module")
+def tp_engine(tiny_model, ray_session):
+    """The same engine with two TP workers (each holds one of the tiny model's two attention heads and half of
+    every MLP and vocabulary matrix); killed with its workers at the end of the module. Started only when the first
+    TP test needs it: building it beside the first engine's tests only made both slower on 2 cores."""
+    actor = engine_actor(ray_session, str(tiny_model), 2)
+    yield actor
+    ray_session.kill(actor)
+
+
+def generated(engine, prompts, seed_per_prompt: bool = True, step: int = 1) -> dict[tuple[int, int], dict]:
     sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed_per_prompt=seed_per_prompt)
     rows = ray.get(engine.generate.remote(prompts, sampling, step), timeout=300)
-    return {(r["prompt_index"], r["sample_index"]): r["response_ids"] for r in rows}
+    return {(r["prompt_index"], r["sample_index"]): r for r in rows}
+
+
+def responses(engine, prompts, seed_per_prompt: bool, step: int = 1) -> dict[tuple[int, int], list[int]]:
+    return {key: row["response_ids"] for key, row in generated(engine, prompts, seed_per_prompt, step).items()}
 
 
 def test_per_prompt_seeds_repeat_and_ignore_the_batch(engine):
@@ -59,3 +92,55 @@ def test_without_per_prompt_seeds_the_engine_generator_moves_on(engine):
     second = responses(engine, PROMPTS, seed_per_prompt=False)
     assert len(first) == len(second) == 6 and all(len(ids) == 12 for ids in first.values())
     assert first != second  # 6 samples x 12 tokens over a 100-token vocabulary: a repeat is practically impossible
+
+
+def assert_same_samples(got: dict, want: dict) -> None:
+    """The same tokens for every (prompt, sample), and their logprobs equal to fp32 rounding: two TP workers sum
+    each row-parallel matmul's halves in another order than one worker does."""
+    assert {k: r["response_ids"] for k, r in got.items()} == {k: r["response_ids"] for k, r in want.items()}
+    for key, row in want.items():
+        assert got[key]["rollout_logprobs"] == pytest.approx(row["rollout_logprobs"], rel=0, abs=1e-5), key
+
+
+def perturbed_weights(model_path) -> list[tuple[str, torch.Tensor]]:
+    """Every weight of the tiny model moved by seeded noise as large as its initialisation (std 0.02)."""
+    from safetensors.torch import load_file
+
+    generator = torch.Generator().manual_seed(11)
+    weights = load_file(str(model_path / "model.safetensors"))
+    return [(name, tensor + 0.02 * torch.randn(tensor.shape, generator=generator)) for name, tensor in weights.items()]
+
+
+def logprobs_of(model, row: dict) -> list[float]:
+    """transformers' logprobs of a generated row's response tokens (an independent forward of the same weights)."""
+    ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(row["prompt_ids"]) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(row["response_ids"])[:, None])[:, 0].tolist()
+
+
+def test_tp_workers_and_shared_out_engines_generate_one_engines_samples(engine, tp_engine):
+    one = generated(engine, PROMPTS)
+    assert_same_samples(generated(tp_engine, PROMPTS), one)
+    # two engines of different shapes taking contiguous shares, as a run's engines do (rank_group.share_bounds)
+    assert_same_samples(generated(engine, PROMPTS[:2]) | generated(tp_engine, PROMPTS[2:]), one)
+
+
+def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, tiny_model):
+    """Last in the module: both engines keep the moved weights."""
+    from transformers import AutoModelForCausalLM
+
+    before = generated(engine, PROMPTS)
+    named = perturbed_weights(tiny_model)
+    ray.get([e.load_weights.remote(named) for e in (engine, tp_engine)], timeout=300)
+    one, tp = generated(engine, PROMPTS), generated(tp_engine, PROMPTS)
+    assert sum(one[k]["response_ids"] != before[k]["response_ids"] for k in one) >= 5  # of 6: the weights moved
+    assert_same_samples(tp, one)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    model.load_state_dict(dict(named))
+    for key, row in tp.items():  # each worker kept its shard of the full tensors it was sent
+        assert row["rollout_logprobs"] == pytest.approx(logprobs_of(model, row), rel=0, abs=1e-5), key
+    # the engines' own scoring of a response (how weight-sync checks read an engine) agrees too
+    row = {"prompt_ids": one[(0, 0)]["prompt_ids"], "response_ids": [17, 18, 19, 20, 21, 22]}
+    scored = ray.get(tp_engine.score.remote([row["prompt_ids"]], [row["response_ids"]]), timeout=300)[0]
+    assert scored == pytest.approx(logprobs_of(model, row), rel=0, abs=1e-5)

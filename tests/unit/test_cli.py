@@ -24,7 +24,7 @@ def test_train_refuses_the_seed_recipe_with_one_message():
     assert "Traceback" not in out
     assert out.count("hybrid train cannot start") == 1
     assert "needs 4 GPUs, found 0" in out
-    assert "vLLM tensor parallelism (TP > 1)" in out
+    assert "not implemented" not in out  # ZeRO-3 over 4 ranks, ring attention and TP engines: all accepted now
     assert "ray" not in out.lower().replace("ring_attn", "").replace("array", "")  # Ray never started
 
 

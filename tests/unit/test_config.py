@@ -105,10 +105,32 @@ def test_colocate_all_needs_as_many_rollout_gpus_as_actor_gpus():
             "actor": {"num_gpus_per_node": 8}, "vllm": {"num_engines": 2, "tensor_parallel_size": 2}}
     problems = problems_of(data)
     assert problems == ["train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
-                        "vllm.tensor_parallel_size: got 8 and 4; change --vllm.num_engines or "
-                        "--actor.num_gpus_per_node so both sides match"]
+                        "vllm.tensor_parallel_size: got 8 actor GPUs and 2 engines × TP 2 = 4; use "
+                        "--vllm.num_engines 4 (8 ÷ TP 2), or change --actor.num_gpus_per_node to 4 (with "
+                        "--actor.num_nodes 1)"]
     # async keeps vLLM on its own GPUs, so the sizes need not match
     RunConfig.model_validate({**data, "train": {"colocate_all": True, "async_enable": True}})
+
+
+def test_colocated_tp_must_divide_the_actor_gpus_of_a_node():
+    base = {"train": {"colocate_all": True}, "algo": {"kl": {"init_coef": 0.0}}}
+    # 4 GPUs in engines of 3 workers: no engine count fits, and a fourth worker would straddle two engines
+    assert problems_of({**base, "actor": {"num_gpus_per_node": 4},
+                        "vllm": {"num_engines": 1, "tensor_parallel_size": 3}}) == [
+        "train.colocate_all needs actor.num_nodes × actor.num_gpus_per_node == vllm.num_engines × "
+        "vllm.tensor_parallel_size: got 4 actor GPUs and 1 engines × TP 3 = 3; use a --vllm.tensor_parallel_size "
+        "that divides 4 with --vllm.num_engines 4 ÷ TP, or change --actor.num_gpus_per_node to 3 (with "
+        "--actor.num_nodes 1)",
+        "vllm.tensor_parallel_size must divide actor.num_gpus_per_node when colocated (an engine's TP workers "
+        "share the GPUs of one node's actor ranks): got 3 and 4; use --vllm.tensor_parallel_size 1 or 2 or 4"]
+    # 2 nodes × 3 GPUs = 3 engines × TP 2 in number, but an engine would take GPUs of both nodes
+    problems = problems_of({**base, "actor": {"num_nodes": 2, "num_gpus_per_node": 3},
+                            "vllm": {"num_engines": 3, "tensor_parallel_size": 2}})
+    assert problems == ["vllm.tensor_parallel_size must divide actor.num_gpus_per_node when colocated (an engine's "
+                        "TP workers share the GPUs of one node's actor ranks): got 2 and 3; use "
+                        "--vllm.tensor_parallel_size 1 or 3"]
+    RunConfig.model_validate({**base, "actor": {"num_gpus_per_node": 4},
+                              "vllm": {"num_engines": 2, "tensor_parallel_size": 2}})
 
 
 def test_colocated_ref_must_match_actor_size():

@@ -71,10 +71,11 @@ def test_the_seed_deployment_is_refused_by_the_preflight_with_its_reasons(tmp_pa
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub model is then needed from a cache that lacks it
     cfg = RunConfig.model_validate(parameter_set("qwen3-4b-math-hybrid") | {"store": {"root": str(tmp_path)}})
     problems = "\n".join(run_problems(cfg, str(tmp_path / "seed"), num_gpus=0, gpu_total_gib=None))
-    for reason in ("vLLM tensor parallelism", "actor.model_name_or_path 'Qwen/Qwen3-4B-Thinking-2507' is a Hugging "
+    for reason in ("actor.model_name_or_path 'Qwen/Qwen3-4B-Thinking-2507' is a Hugging "
                    "Face hub id that is not in the local cache, and HF_HUB_OFFLINE=1", "needs 4 GPUs, found 0"):
         assert reason in problems, reason
     assert "prompt_dataset" not in problems  # the shipped math prompts (320 rows) hold more than a step's 128
+    assert "tensor parallelism" not in problems  # 2 engines × TP 2 on the actor's 4 GPUs
 
 
 def test_the_schedule_is_inactive_and_the_trigger_runs_the_demo():

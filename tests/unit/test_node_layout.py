@@ -2,7 +2,7 @@
 import pytest
 
 from hybrid_core.node_layout import (NodeBlock, block_of, cpu_per_bundle, node_blocks, node_lines, node_sizes,
-                                     rank_span, unplaceable)
+                                     rank_span, shared_block, unplaceable)
 
 
 def test_a_group_fills_its_nodes_in_turn_and_the_last_takes_the_rest():
@@ -29,6 +29,17 @@ def test_blocks_number_the_bundles_across_the_run_group_after_group():
     assert [rank_span(blocks, block) for block in blocks] == [range(0, 2), range(2, 4), range(0, 2), range(2, 3)]
     with pytest.raises(ValueError, match=r"bundle 7 is outside the run's 7 bundles"):
         block_of(blocks, 7)
+
+
+def test_bundles_that_must_share_a_node_get_their_indices_in_its_placement_group():
+    blocks = node_blocks([(4, 2), (3, 2)])  # as above: bundles 0-1, 2-3 (group 0), 4-5, 6 (group 1)
+    assert shared_block(blocks, [2, 2, 3]) == (blocks[1], (0, 0, 1))
+    assert shared_block(blocks, [5]) == (blocks[2], (1,))
+    with pytest.raises(ValueError, match=r"bundles \[3, 4\] must share one node's placement group: they fall in "
+                                         r"group 1 node 1, group 2 node 0$"):
+        shared_block(blocks, [3, 4])
+    with pytest.raises(ValueError, match=r"they fall in none$"):
+        shared_block(blocks, [])
 
 
 def test_on_cpu_each_node_lends_one_cpu_split_between_its_bundles():

@@ -107,3 +107,15 @@ def test_unflatten_of_a_hand_made_bucket():
 def test_invalid_budget_raises(budget):
     with pytest.raises(ValueError, match=rf"vllm\.sync_bucket_mb must be positive: got {budget} bytes"):
         list(iter_buckets(Tiny(), budget))
+
+
+def test_an_engines_handles_are_its_ranks_one_per_gpu():
+    from hybrid_core.engines.weight_sync import merge_handles
+
+    # four actor ranks on GPUs a-d, two engines of TP 2: engine 1's workers on c and d get ranks 2 and 3's copies
+    parts = [{"gpu-a": ("h", 0)}, {"gpu-b": ("h", 1)}, {"gpu-c": ("h", 2)}, {"gpu-d": ("h", 3)}]
+    assert merge_handles(parts, range(2, 4)) == {"gpu-c": ("h", 2), "gpu-d": ("h", 3)}
+    assert merge_handles(parts, range(0, 2)) == {"gpu-a": ("h", 0), "gpu-b": ("h", 1)}
+    with pytest.raises(RuntimeError, match=r"actor ranks 0-1 hold copies on 1 GPUs \(\['gpu-a'\]\): each TP worker "
+                                           r"of their engine needs the actor rank on its own GPU"):
+        merge_handles([{"gpu-a": ("h", 0)}, {"gpu-a": ("h", 1)}], range(0, 2))

@@ -13,3 +13,18 @@ def fixed_sequence(length: int, seed: int, vocab: int = 100) -> list[int]:
 def mean_abs_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+
+
+def qwen3_own_kernels() -> dict:
+    """The Qwen3 module's own rotary function and classes as first read (at collection, before any test loads a
+    model): Liger, the default on CUDA, patches them process-wide; a test comparing with them puts these back."""
+    return dict(_QWEN3_OWN_KERNELS)
+
+
+def _read_qwen3_kernels() -> dict:
+    from transformers.models.qwen3 import modeling_qwen3
+
+    return {name: getattr(modeling_qwen3, name) for name in ("apply_rotary_pos_emb", "Qwen3RMSNorm", "Qwen3MLP")}
+
+
+_QWEN3_OWN_KERNELS = _read_qwen3_kernels()

@@ -112,11 +112,13 @@ def test_one_chunk_holds_what_the_plan_counts(cuda, standin):
     vocab, hidden_size = head.weight.shape
     weight_bytes = vocab * hidden_size * 2
     planned = chunk * vocab * LOGIT_BYTES + weight_bytes  # the plan's logits term: a chunk and the gradient sum
-    peaks = {n: _head_peak(head, n, chunk) for n in (chunk, 4 * chunk)}
+    peaks = {n: _head_peak(head, n, chunk) for n in (chunk, 2 * chunk, 4 * chunk)}
     for n, peak in peaks.items():
         besides = weight_bytes + n * hidden_size * 2  # the head's .grad and the hidden states' gradient
         print(f"{n} tokens: peak {peak / GIB:.3f} GiB; plan {planned / GIB:.3f} GiB + {besides / GIB:.3f} GiB "
               f"besides: {(peak - besides - weight_bytes) / (chunk * vocab):.2f} bytes per chunk logit")
         assert peak <= 1.15 * (planned + besides), n
-    # four times the tokens: only the hidden states' gradient grows (12,288 more rows), never the logits
-    assert peaks[4 * chunk] <= peaks[chunk] + 3 * chunk * hidden_size * 2 + 2**20
+    # from two chunks on, the head's gradient is summed (the plan's gradient-sum matrix, which one chunk does not
+    # need: on the H200 one chunk peaked 0.26 GiB lower than four); twice the tokens again: only the hidden states'
+    # gradient grows (8,192 more rows), never the logits
+    assert peaks[4 * chunk] <= peaks[2 * chunk] + 2 * chunk * hidden_size * 2 + 2**20

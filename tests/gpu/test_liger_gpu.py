@@ -4,6 +4,7 @@ varlen attention, as the product trains). Needs the liger-kernel package (the GP
 from __future__ import annotations
 
 import pytest
+from gpu_helpers import qwen3_own_kernels
 from test_packed_attention_gpu import _logprobs_and_grads, _relative_error, _weights, tiny_dir  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -18,12 +19,13 @@ def _load(tiny_dir, dtype: str, use_liger: bool):
 
 @pytest.fixture
 def qwen3_module_restored(monkeypatch):
-    """Liger patches the Qwen3 module's rotary function and classes process-wide: undone after the test, so the
-    later tests of this session run the model's own kernels."""
+    """Liger patches the Qwen3 module's rotary function and classes process-wide, and it is the default on CUDA, so
+    an earlier test of the session may have patched them already: the model's own kernels (read when the tests were
+    collected, before any model loaded) are put back for this test, and whatever was there is restored after it."""
     from transformers.models.qwen3 import modeling_qwen3
 
-    for name in ("apply_rotary_pos_emb", "Qwen3RMSNorm", "Qwen3MLP"):
-        monkeypatch.setattr(modeling_qwen3, name, getattr(modeling_qwen3, name))
+    for name, own in qwen3_own_kernels().items():
+        monkeypatch.setattr(modeling_qwen3, name, own)
 
 
 def test_liger_kernels_replace_the_modules_and_keep_bf16_accuracy(tiny_dir, qwen3_module_restored):  # noqa: F811

@@ -52,7 +52,8 @@ def test_the_optimizer_on_the_host_steps_with_cpu_adam_and_sleep_moves_nothing(b
     largest = max(p.numel() for p in trainer.module.parameters())
     torch.cuda.synchronize()
     # asleep: the bf16 weights and DeepSpeed's one-parameter gradient staging buffer, no fp32 state (12 bytes/param)
-    assert torch.cuda.memory_allocated() <= 2 * numel + 2 * largest + 2**26, torch.cuda.memory_allocated() / 2**30
+    # (measured on the H200: 1.466 GiB for the 0.6B stand-in, whose fp32 state would add 6.7 GiB)
+    assert torch.cuda.memory_allocated() <= 2 * numel + 2 * largest + 2**27, torch.cuda.memory_allocated() / 2**30
     on_device = loss_after_one_step(build(zero_stage=2))
     assert abs(offloaded - on_device) <= 2e-3 * abs(on_device), (offloaded, on_device)
 

@@ -110,6 +110,15 @@ def whole_prompt_prefill(max_model_len: int) -> dict:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_TOKEN_BUDGET)}
 
 
+def run_sampler_eager() -> None:
+    """CPU with `enforce_eager`: nothing of this process is torch.compiled, vLLM's sampler included. vLLM compiles two
+    sampler helpers with inductor whatever `enforce_eager` says (the sampled token's rank, a random-sample kernel):
+    3.7 s of an engine's first generate on 2 cores, for the same integers and samples eager mode gives."""
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True
+
+
 class VllmRolloutEngine:
     """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
 
@@ -128,6 +137,8 @@ class VllmRolloutEngine:
                                                 ("block_size", settings.block_size)) if value}
         if self.platform == "cpu":
             extra |= whole_prompt_prefill(settings.max_model_len)
+            if settings.enforce_eager:
+                run_sampler_eager()
         if backend := executor_backend(self.platform, settings.tensor_parallel_size):
             extra["distributed_executor_backend"] = backend
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,

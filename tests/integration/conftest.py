@@ -88,6 +88,26 @@ def reference_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
     return cfg, result
 
 
+# The demo's control (`--actor.adam.lr 0`: the policy never moves) for 10 steps, its advantages from a gae critic:
+# test_demo_learns reads its rewards (no gain without learning), test_algorithm_flags its value losses (the critic
+# fits a fixed reward distribution). A still policy's rollouts do not depend on the estimator, so the rewards are
+# those of the demo's own control (reinforce_baseline, lr 0): one run instead of two.
+FROZEN_DEMO_FLAGS = ("--train.max_steps", "10", "--actor.adam.lr", "0", "--algo.advantage.estimator", "gae",
+                     "--critic.adam.lr", "0.001", "--critic.lr_scheduler", "constant")
+
+
+@pytest.fixture(scope="session")
+def frozen_demo_run(tmp_path_factory, tiny_model, ray_session, prefect_server):
+    """data/demo.yaml with FROZEN_DEMO_FLAGS through the real flow; returns (cfg, result)."""
+    from flows.rl_train import rl_train
+    from hybrid_core.flags import parse_cli
+
+    root = tmp_path_factory.mktemp("frozen-demo")
+    cfg = parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--store.root", str(root),
+                     *FROZEN_DEMO_FLAGS])
+    return cfg, rl_train(cfg, run_id="demo-frozen")
+
+
 GAE_FLAGS = ("--algo.advantage.estimator", "gae", "--train.max_steps", "2")
 # the two-rank runs partition the weights (ZeRO-3: forwards, sync and export gather them from every rank) and keep
 # the reference's weights in host memory, against the one-rank run's ZeRO-2

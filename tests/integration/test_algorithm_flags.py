@@ -94,19 +94,13 @@ def test_each_estimator_is_honoured(estimator, reference_run, shared_run):
         assert "critic/value_loss" in read_metrics(run_dir, cfg.train.max_steps)
 
 
-def test_gae_critic_learns_over_a_10_step_demo(tmp_path, tiny_model, ray_session, prefect_server):
-    """The demo's batch (16 prompts × 4 samples) for 10 steps with the actor held still (`critic.freezing_steps`),
-    so the critic fits a fixed reward distribution: mean value loss of the last 3 steps below the first 3."""
-    from tests.conftest import REPO_ROOT
-
-    from flows.rl_train import rl_train
-    from hybrid_core.flags import parse_cli
-
-    cfg = parse_cli(["--config", str(REPO_ROOT / "data" / "demo.yaml"), "--store.root", str(tmp_path),
-                     "--algo.advantage.estimator", "gae", "--train.max_steps", "10", "--critic.freezing_steps", "10",
-                     "--critic.adam.lr", "0.001", "--critic.lr_scheduler", "constant"])
-    run_dir = rl_train(cfg, run_id="gae-demo").run_dir
-    losses = [read_metrics(run_dir, k)["critic/value_loss"] for k in range(1, 11)]
+def test_gae_critic_learns_over_a_10_step_demo(frozen_demo_run):
+    """The demo's batch (16 prompts × 4 samples) for 10 steps with the actor held still (`--actor.adam.lr 0`, the
+    session's frozen demo run), so the critic fits a fixed reward distribution: mean value loss of the last 3 steps
+    below the first 3."""
+    cfg, result = frozen_demo_run
+    assert (cfg.actor.adam.lr, cfg.algo.advantage.estimator, result.num_steps) == (0.0, "gae", 10)
+    losses = [read_metrics(result.run_dir, k)["critic/value_loss"] for k in range(1, 11)]
     assert sum(losses[-3:]) < sum(losses[:3]), losses
 
 

@@ -18,8 +18,8 @@ def build(make_trainer, standin):
     from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
 
     def make(zero_stage: int, adam_offload: bool = False, optim: str = "adam", lr: float = 1e-4):
-        actor = ActorConfig(model_name_or_path=str(standin), lr_scheduler="constant", adam={"lr": lr}, optim=optim,
-                            muon={"lr": lr}, max_norm=0.0)
+        actor = ActorConfig(model_name_or_path=str(standin), lr_scheduler="constant", adam={"lr": 1e-4}, optim=optim,
+                            muon={"lr": lr}, max_norm=0.0)  # Muon's auxiliary Adam (embeddings, norms) keeps 1e-4
         ds = DsConfig(zero_stage=zero_stage, param_dtype="bf16", enable_sleep=True, adam_offload=adam_offload)
         train = TrainConfig(batch_size=1, micro_batch_size=1, device="cuda")
         return DeepSpeedTrainEngine(load_policy(str(standin), actor, ds), actor, ds, train, 10, pad_id=0,
@@ -103,6 +103,7 @@ def test_muon_moves_each_hidden_matrix_by_a_bounded_orthogonal_step(build, cuda,
     matrices = [(n, p) for n, p in trainer.module.named_parameters() if p.use_muon]
     before = {n: safe_get_full_fp32_param(p).clone() for n, p in matrices}
     first = loss_after_one_step(trainer)
+    trainer.wake_up()  # ZeRO-2's bf16↔fp32 fragment links exist while awake only
     for name, param in matrices:
         delta = safe_get_full_fp32_param(param) - before[name]
         rows, cols = delta.shape

@@ -24,6 +24,13 @@ ROWS_PER_PART = 4096
 MANIFEST = "manifest.json"
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns Parquet dictionary-encodes: the strings (finish reasons, labels, data sources repeat). Token ids
+    and per-token floats rarely repeat: dictionary-encoding a step's 256 × 1,024-token advantage columns took 0.15 s
+    of its 0.17 s write and made the file 56% larger."""
+    return [field.name for field in schema if pa.types.is_string(field.type) or pa.types.is_large_string(field.type)]
+
+
 class ManifestError(PermanentError):
     """The run's manifest.json cannot be read: it was truncated, edited or overwritten."""
 
@@ -72,7 +79,7 @@ class RolloutStore:
         files = {}
         for i, start in enumerate(range(0, max(table.num_rows, 1), ROWS_PER_PART)):
             sink = pa.BufferOutputStream()
-            pq.write_table(table.slice(start, ROWS_PER_PART), sink)
+            pq.write_table(table.slice(start, ROWS_PER_PART), sink, use_dictionary=dictionary_columns(table.schema))
             data = sink.getvalue().to_pybytes()
             name = f"part-{i:05d}.parquet"
             self.fs.pipe_file(f"{target}/{name}", data)
@@ -86,12 +93,13 @@ class RolloutStore:
     def _parts(self, step: int, stage: str) -> list[str]:
         return sorted(p for p in self.fs.ls(self.stage_path(step, stage), detail=False) if p.endswith(".parquet"))
 
-    def read(self, step: int, stage: str) -> pa.Table:
+    def read(self, step: int, stage: str, columns: list[str] | None = None) -> pa.Table:
+        """The committed dataset of a stage (only `columns` when given: Parquet reads no others)."""
         import pyarrow.dataset as pds  # imports pandas: kept out of the preflight's path
 
         if not self.is_committed(step, stage):
             raise FileNotFoundError(f"stage {stage!r} of step {step} is not committed under {self.run_dir}")
-        return pds.dataset(self._parts(step, stage), format="parquet", filesystem=self.fs).to_table()
+        return pds.dataset(self._parts(step, stage), format="parquet", filesystem=self.fs).to_table(columns=columns)
 
     def verify(self, step: int, stage: str, entry: dict) -> None:
         """Refuse a committed dataset whose files differ from the sha256 recorded at its commit."""

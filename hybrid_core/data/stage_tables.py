@@ -6,9 +6,10 @@ keys computed from them and from the stages' committed records. It knows nothing
 from __future__ import annotations
 
 import json
-import statistics
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hybrid_core.step_contract import TIMED_STAGES
 
@@ -51,10 +52,16 @@ def sample_keys(table: pa.Table) -> list[tuple[int, int]]:
     return list(zip(table.column("prompt_index").to_pylist(), table.column("sample_index").to_pylist()))
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    if not values:
+def _mean_std(values: pa.Array | pa.ChunkedArray) -> tuple[float, float]:
+    """Mean and population standard deviation in float64 (numpy's: a step's 262k advantages in ~1 ms, where
+    `statistics.pstdev`'s exact fractions took 0.12 s)."""
+    x = np.asarray(values.to_numpy(), dtype=np.float64) if len(values) else np.empty(0)
+    if x.size == 0:
         return 0.0, 0.0
-    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+    return float(x.mean()), float(x.std()) if x.size > 1 else 0.0
+
+
+METRIC_COLUMNS = {"rollout": ["response_ids"], "reward": ["reward"], "advantage": ["advantages"]}  # what rows read
 
 
 ACTOR_STATS = {"kl_loss": "actor/kl_loss", "approx_kl": "actor/approx_kl", "grad_norm": "actor/grad_norm",
@@ -66,17 +73,17 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
                  timings: dict[str, float], extra: dict[str, float] | None = None) -> dict[str, float]:
     """The metrics row of a step: reward, advantage, actor and rollout figures, `timing_s/<stage>`, and `extra`
     (already namespaced figures from other workers, e.g. `critic/value_loss`, `filter/pass_rate`)."""
-    reward_mean, reward_std = _mean_std(reward.column("reward").to_pylist())
-    adv_tokens = [a for row in advantage.column("advantages").to_pylist() for a in row]
-    adv_mean, adv_std = _mean_std(adv_tokens)
-    lengths = [len(r) for r in rollout.column("response_ids").to_pylist()]
+    reward_mean, reward_std = _mean_std(reward.column("reward"))
+    adv_mean, adv_std = _mean_std(pc.list_flatten(advantage.column("advantages")))
+    lengths = pc.list_value_length(rollout.column("response_ids"))
+    num_tokens = int(pc.sum(lengths).as_py() or 0)
     rollout_s = timings.get("rollout", 0.0)
     metrics = {
         "reward/mean": reward_mean, "reward/std": reward_std, "advantage/mean": adv_mean, "advantage/std": adv_std,
         "actor/kl": train_stats.get("experience_kl", 0.0), "actor/policy_loss": train_stats.get("policy_loss", 0.0),
         "actor/clip_ratio": train_stats.get("clip_ratio", 0.0),
-        "rollout/response_length_mean": statistics.fmean(lengths) if lengths else 0.0,
-        "rollout/tokens_per_s": sum(lengths) / rollout_s if rollout_s > 0 else 0.0,
+        "rollout/response_length_mean": num_tokens / len(lengths) if len(lengths) else 0.0,
+        "rollout/tokens_per_s": num_tokens / rollout_s if rollout_s > 0 else 0.0,
     }
     named = {ACTOR_STATS[k]: v for k, v in train_stats.items() if k in ACTOR_STATS}
     named |= {k: float(v) for k, v in train_stats.items() if k.startswith("timing_s/")}  # sleep/wake inside stages

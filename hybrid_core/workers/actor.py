@@ -19,7 +19,7 @@ from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.eval_tables import eval_only_row
-from hybrid_core.data.stage_tables import experience_figures, metrics_table, row_from_records
+from hybrid_core.data.stage_tables import METRIC_COLUMNS, experience_figures, metrics_table, row_from_records
 from hybrid_core.engine_layout import EngineLayout
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -281,7 +281,7 @@ class ActorWorker:
         if step == 0:  # the evaluation before training (eval.at_start)
             values = eval_only_row(entries)
         else:
-            tables = [self.store.read(step, s) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
+            tables = [self.store.read(step, s, METRIC_COLUMNS[s]) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
             values = row_from_records(*tables, entries)
         self.ledger.commit(step, METRICS.name, metrics_table(step, values), None, {},
                            drop_from_hash=[k for k in values if k.startswith(VOLATILE_METRICS)])

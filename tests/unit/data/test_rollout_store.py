@@ -55,6 +55,20 @@ def test_write_commits_parts_and_success_and_reads_back(store):
     assert _names(store, f"{store.root}/steps/1") == ["rollout"]
 
 
+def test_only_string_columns_are_dictionary_encoded_and_a_subset_reads_back(tmp_path):
+    import pyarrow.parquet as pq
+
+    store = RolloutStore(str(tmp_path / "run1"))
+    table = pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int32())), "reward": [0.5, 0.25],
+                      "label": ["a", "a"]})
+    store.write(1, "rollout", table)
+    meta = pq.read_metadata(f"{store.stage_path(1, 'rollout')}/part-00000.parquet").row_group(0)
+    encodings = {meta.column(i).path_in_schema.split(".")[0]: meta.column(i).encodings for i in range(3)}
+    assert "RLE_DICTIONARY" in encodings["label"]
+    assert "RLE_DICTIONARY" not in encodings["ids"] and "RLE_DICTIONARY" not in encodings["reward"]
+    assert store.read(1, "rollout", ["reward"]).equals(table.select(["reward"]))
+
+
 def test_large_tables_split_into_ordered_parts(store, monkeypatch):
     monkeypatch.setattr(rollout_store, "ROWS_PER_PART", 2)
     table = pa.table({"x": list(range(5))})

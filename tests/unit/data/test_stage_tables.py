@@ -7,8 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from hybrid_core.data.stage_tables import (ADVANTAGE_SCHEMA, REWARD_SCHEMA, ROLLOUT_SCHEMA, advantage_table,
-                                           metrics_table, reward_table, rollout_table, sample_keys, step_metrics)
+from hybrid_core.data.stage_tables import (ADVANTAGE_SCHEMA, METRIC_COLUMNS, REWARD_SCHEMA, ROLLOUT_SCHEMA,
+                                           advantage_table, metrics_table, reward_table, rollout_table, sample_keys, step_metrics)
 
 KEYS = [(0, 0), (0, 1), (3, 0), (3, 1)]
 
@@ -95,6 +95,27 @@ def test_step_metrics_by_hand():
     for key, value in expected.items():
         assert math.isclose(m[key], value, rel_tol=0, abs_tol=1e-6), (key, m[key], value)
     assert type(m["timing_s/train"]) is float
+
+
+def test_the_row_needs_only_its_columns_and_matches_exact_statistics():
+    """The actor reads only METRIC_COLUMNS of the committed tables; the float64 moments agree with Python's exactly
+    rounded `statistics` within 1e-12 on a step-sized sample."""
+    import statistics
+
+    rng = np.random.default_rng(7)
+    advantages = [rng.standard_normal(n).astype(np.float32).tolist() for n in (300, 1, 0, 777)]
+    rewards = rng.random(4).astype(np.float32).tolist()
+    tables = {"rollout": _rollout([300, 1, 0, 777]), "reward": reward_table(KEYS, rewards, rewards, [{}] * 4),
+              "advantage": _advantage(advantages)}
+    full = step_metrics(tables["rollout"], tables["reward"], tables["advantage"], {}, {"rollout": 2.0})
+    narrow = step_metrics(*(tables[s].select(METRIC_COLUMNS[s]) for s in ("rollout", "reward", "advantage")), {},
+                          {"rollout": 2.0})
+    assert narrow == full
+    tokens = [a for row in advantages for a in row]
+    assert math.isclose(full["advantage/mean"], statistics.fmean(tokens), rel_tol=1e-12)
+    assert math.isclose(full["advantage/std"], statistics.pstdev(tokens), rel_tol=1e-12)
+    assert math.isclose(full["reward/std"], statistics.pstdev(rewards), rel_tol=1e-12)
+    assert full["rollout/response_length_mean"] == 1078 / 4 and full["rollout/tokens_per_s"] == 1078 / 2.0
 
 
 def test_step_metrics_defaults():

@@ -186,6 +186,22 @@ def test_seed_plan_appends_the_memory_estimate():
     assert "(found by nvidia-smi)" in render_plan(cfg, 80.0)
 
 
+def test_the_seed_recipe_on_eight_gpus_fits_with_four_tp_engines_and_four_rings():
+    cfg = parse_cli([*SEED_ARGV, "--actor.num_gpus_per_node", "8", "--ref.num_gpus_per_node", "8",
+                     "--vllm.num_engines", "4"])
+    lines = render_plan(cfg, 139.8, is_gpu_assumed=True).splitlines()
+    assert lines[0] == "device: cuda; needs 8 GPUs (8 bundles) on 1 node(s) of 8"
+    assert lines[3] == "rollout: 4 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7"
+    assert lines[7] == "    engine 3: TP workers on bundles 6-7, weights by CUDA IPC from actor ranks 6-7 (one per GPU)"
+    assert "  actor: ring groups [0, 1] [2, 3] [4, 5] [6, 7] (4 data-parallel group(s))" in lines
+    assert "not implemented yet: none" in lines
+    # ZeRO-3 over 8 ranks halves the 4-GPU run's optimizer share; vLLM's 0.7 reservation still sets the peak
+    assert "  peak: 110.59 GiB in phase rollout" in lines and "    actor optimizer states: 5.62 GiB" in lines
+    assert any(line.startswith("  fits on a 139.80 GiB GPU") for line in lines)
+    problems = preflight_problems(cfg, num_gpus_found=8)
+    assert not any("GPU" in p or "engines" in p or "ring" in p for p in problems), problems
+
+
 def test_memory_section_says_why_it_is_missing():
     cpu = config_with_inputs(train={"device": "cpu", "colocate_all": True}, actor={"num_gpus_per_node": 1},
                              ref={"num_gpus_per_node": 1}, algo={"advantage": {"estimator": "reinforce"}})

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from hybrid_core.data.prompts import PromptRow, PromptSampler, load_prompt_rows, step_count
@@ -101,7 +102,7 @@ class RolloutWorker:
         if self.args.engine.enable_sleep:
             self.engine.sleep()
         metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/vllm_sleep": time.perf_counter() - sleep_start,
-                    "tokens": float(sum(len(r) for r in table.column("response_ids").to_pylist()))}
+                    "tokens": float(pc.sum(pc.list_value_length(table.column("response_ids"))).as_py() or 0)}
         entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics)
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, ROLLOUT.name), metrics=entry["metrics"])
@@ -178,10 +179,11 @@ class RolloutWorker:
 
     def preview(self, step: int, num_samples: int = 4) -> list[Sample]:
         """A few decoded samples of the step with their rewards (for the run's UI)."""
-        ro, rw = self.store.read(step, ROLLOUT.name), self.store.read(step, REWARD.name)
+        ro = self.store.read(step, ROLLOUT.name, ["prompt_text", "response_text"]).slice(0, num_samples)
+        rw = self.store.read(step, REWARD.name, ["reward"]).slice(0, num_samples)
         rows = zip(ro.column("prompt_text").to_pylist(), ro.column("response_text").to_pylist(),
                    rw.column("reward").to_pylist())
-        return [Sample(prompt=p, response=r, reward=x) for p, r, x in list(rows)[:num_samples]]
+        return [Sample(prompt=p, response=r, reward=x) for p, r, x in rows]
 
     def begin_weight_update(self) -> None:
         self.engine.wake_up(["weights"])  # weights only: never weights and KV cache together during a sync

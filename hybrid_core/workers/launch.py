@@ -172,11 +172,13 @@ def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
     otherwise create them and restore the newest checkpoint before that step (the steps after it are replayed from
     the store)."""
     placement.connect()
+    # first the live workers: one still finishing the killed driver's last call answers after it has committed, so
+    # the manifest read next holds that stage (read before, it would miss it and the workers would look a step ahead)
+    live, num_steps = live_versions(run, num_engines(cfg), role_ranks(cfg))
     store = RolloutStore(run.run_dir)
     steps, committed = store.manifest()["steps"], store.committed_markers()
     first = first_incomplete_step(steps, committed, save_steps=cfg.ckpt.save_steps, eval_steps=cfg.eval.steps)
     done = {stage for k, stage in committed if k == first}
-    live, num_steps = live_versions(run, num_engines(cfg), role_ranks(cfg))
     model_uri = model_output_uri(cfg, run)
     if can_reattach(live, first, steps.get(str(first), {}), done):
         return WorkersStarted(num_steps=num_steps, next_step=first, restored_step=live.trained_step, is_attached=True,

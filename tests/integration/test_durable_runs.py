@@ -191,7 +191,7 @@ def test_a_failing_reward_function_and_killed_workers_are_fixed_by_resuming(head
 def test_on_s3_a_second_run_is_refused_and_a_killed_driver_resumes(head, uninterrupted, s3, tmp_path):
     fs, run_dir = s3.filesystem(), "s3://runs-bucket/fault/s3-killed"
     flags = [*MICRO, "--store.root", "s3://runs-bucket/fault", "--run_id", "s3-killed"]
-    proc = head.train(*flags, log=tmp_path / "s3.log", faults="hold:2:rollout:start,sleep8:4:train:start",
+    proc = head.train(*flags, log=tmp_path / "s3.log", faults="hold:2:rollout:start,sleep16:4:train:start",
                       release=tmp_path / "go")
     wait_for_event(run_dir, 2, "rollout", "fault", proc, fs=fs)
     rival = head.train(*flags, log=tmp_path / "rival.log")
@@ -204,7 +204,8 @@ def test_on_s3_a_second_run_is_refused_and_a_killed_driver_resumes(head, uninter
     resumed = head.train("--resume", run_dir, log=tmp_path / "s3-resumed.log")
     assert_succeeds(resumed, tmp_path / "s3-resumed.log")
     assert fingerprint(run_dir, fs) == fingerprint(uninterrupted)
-    # killed during step 4's train, which its live actor finished: the resume kept the workers and synced them
+    # killed during step 4's train, which its live actor finished ~10 s after the resume began (sleep16): the resume
+    # waited for it, read the manifest with step 4's train in it, kept the workers and synced them
     assert "is_attached=True" in (tmp_path / "s3-resumed.log").read_text()
     assert not fs.exists("runs-bucket/fault/s3-killed/_lease.json")  # released when the run ended
 

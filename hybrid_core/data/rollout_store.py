@@ -177,9 +177,11 @@ class RolloutStore:
         return json.loads(self.fs.cat_file(path)) if self.fs.exists(path) else default
 
     def write_json(self, name: str, value) -> None:
-        """Write a small JSON document atomically (rename locally; single PUT on object stores)."""
+        """Write a JSON document atomically (rename locally; single PUT on object stores). Compact: the manifest is
+        rewritten at every commit, and at 1,000 steps (2.3 MB) json's indented encoder took 0.15 s, its C encoder
+        0.04 s (`python -m json.tool` shows it indented)."""
         path = f"{self.root}/{name}"
-        data = json.dumps(value, indent=1, sort_keys=True).encode()
+        data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
         if self.is_local:
             self.fs.makedirs(self.root, exist_ok=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"

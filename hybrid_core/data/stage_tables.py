@@ -54,11 +54,16 @@ def sample_keys(table: pa.Table) -> list[tuple[int, int]]:
 
 def _mean_std(values: pa.Array | pa.ChunkedArray) -> tuple[float, float]:
     """Mean and population standard deviation in float64 (numpy's: a step's 262k advantages in ~1 ms, where
-    `statistics.pstdev`'s exact fractions took 0.12 s)."""
-    x = np.asarray(values.to_numpy(), dtype=np.float64) if len(values) else np.empty(0)
-    if x.size == 0:
+    `statistics.pstdev`'s exact fractions took 0.12 s); 0, 0 without values."""
+    if len(values) == 0:
         return 0.0, 0.0
-    return float(x.mean()), float(x.std()) if x.size > 1 else 0.0
+    x = np.asarray(values.to_numpy(), dtype=np.float64)
+    return float(x.mean()), float(x.std())
+
+
+def response_token_count(rollout: pa.Table) -> int:
+    """The response tokens of a rollout table (its `response_ids` lists' lengths, summed in Arrow)."""
+    return int(pc.sum(pc.list_value_length(rollout.column("response_ids"))).as_py() or 0)
 
 
 METRIC_COLUMNS = {"rollout": ["response_ids"], "reward": ["reward"], "advantage": ["advantages"]}  # what rows read
@@ -75,14 +80,13 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
     (already namespaced figures from other workers, e.g. `critic/value_loss`, `filter/pass_rate`)."""
     reward_mean, reward_std = _mean_std(reward.column("reward"))
     adv_mean, adv_std = _mean_std(pc.list_flatten(advantage.column("advantages")))
-    lengths = pc.list_value_length(rollout.column("response_ids"))
-    num_tokens = int(pc.sum(lengths).as_py() or 0)
+    num_samples, num_tokens = rollout.num_rows, response_token_count(rollout)
     rollout_s = timings.get("rollout", 0.0)
     metrics = {
         "reward/mean": reward_mean, "reward/std": reward_std, "advantage/mean": adv_mean, "advantage/std": adv_std,
         "actor/kl": train_stats.get("experience_kl", 0.0), "actor/policy_loss": train_stats.get("policy_loss", 0.0),
         "actor/clip_ratio": train_stats.get("clip_ratio", 0.0),
-        "rollout/response_length_mean": num_tokens / len(lengths) if len(lengths) else 0.0,
+        "rollout/response_length_mean": num_tokens / num_samples if num_samples else 0.0,
         "rollout/tokens_per_s": num_tokens / rollout_s if rollout_s > 0 else 0.0,
     }
     named = {ACTOR_STATS[k]: v for k, v in train_stats.items() if k in ACTOR_STATS}

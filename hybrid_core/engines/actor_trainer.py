@@ -81,9 +81,8 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
                          f"train.max_epochs {plan.max_epochs}")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
     update_logprobs: dict[int, list[float]] = {}
-    build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs,
-                                      plan.batching.logit_chunk_tokens)
     chunk_tokens = plan.batching.logit_chunk_tokens
+    build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs, chunk_tokens)
     stats = run_updates(engine, lengths, plan, build_loss,
                         lambda model, batch: response_token_stats(model, batch, chunk_tokens)[0])
     if not is_on_policy:

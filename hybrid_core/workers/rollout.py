@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from hybrid_core.data.prompts import PromptRow, PromptSampler, load_prompt_rows, step_count
 from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.data.stage_tables import response_token_count
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.sync_group import WeightSyncGroup
@@ -102,7 +102,7 @@ class RolloutWorker:
         if self.args.engine.enable_sleep:
             self.engine.sleep()
         metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/vllm_sleep": time.perf_counter() - sleep_start,
-                    "tokens": float(pc.sum(pc.list_value_length(table.column("response_ids"))).as_py() or 0)}
+                    "tokens": float(response_token_count(table))}
         entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics)
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, ROLLOUT.name), metrics=entry["metrics"])

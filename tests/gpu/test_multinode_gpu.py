@@ -22,19 +22,26 @@ pytestmark = pytest.mark.gpu
 SCRIPT = REPO_ROOT / "tests" / "integration" / "multinode_run.py"
 
 
-def test_ranks_on_two_nodes_meet_at_rank_0s_node_and_push_to_their_engines(standin, two_gpus, tmp_path):
-    config = two_rank_config(standin, tmp_path)
+def run_on_two_nodes(config, tmp_path, run_id: str, gpus_per_node: int) -> dict:
+    """The run of `config` with actor and reference ranks on 2 nodes × `gpus_per_node` (multinode_run.py); what
+    it saw of the placement (its JSON)."""
     cfg = yaml.safe_load(config.read_text())
     for role in ("actor", "ref"):
-        cfg[role] |= {"num_nodes": 2, "num_gpus_per_node": 1}
+        cfg[role] |= {"num_nodes": 2, "num_gpus_per_node": gpus_per_node}
     config.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "placement.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "mn2", str(out), "1", "--config", str(config)],
-                          cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(SCRIPT), run_id, str(out), str(gpus_per_node), "--config",
+                           str(config)], cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True,
+                          timeout=900)
     print(done.stdout[-6000:], done.stderr[-6000:])
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(out.read_text())
     print({key: seen[key] for key in ("workers_started_s", "wall_s", "placement_groups")})
+    return seen
+
+
+def test_ranks_on_two_nodes_meet_at_rank_0s_node_and_push_to_their_engines(standin, two_gpus, tmp_path):
+    seen = run_on_two_nodes(two_rank_config(standin, tmp_path), tmp_path, "mn2", gpus_per_node=1)
     nodes, workers = seen["nodes"], seen["workers"]
     rank_nodes = [workers[f"actor/{rank}"]["node_id"] for rank in (0, 1)]
     assert sorted(nodes[node] for node in rank_nodes) == ["127.0.0.2", "127.0.0.3"]
@@ -50,18 +57,7 @@ def test_tp_engines_on_two_nodes_sit_in_their_nodes_groups_beside_their_feeders(
     placement group (what VLLM_RAY_BUNDLE_INDICES must say); actor ranks 2 and 3 feed them by CUDA IPC."""
     if cuda.cuda.device_count() < 4:
         pytest.skip("needs 4 GPUs (two nodes of 2, one engine of TP 2 on each)")
-    config = tp_config(standin, tmp_path, num_engines=2, tp=2)
-    cfg = yaml.safe_load(config.read_text())
-    for role in ("actor", "ref"):
-        cfg[role] |= {"num_nodes": 2, "num_gpus_per_node": 2}
-    config.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "placement.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "tp", str(out), "2", "--config", str(config)],
-                          cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
-    print(done.stdout[-6000:], done.stderr[-6000:])
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(out.read_text())
-    print({key: seen[key] for key in ("workers_started_s", "wall_s", "placement_groups")})
+    seen = run_on_two_nodes(tp_config(standin, tmp_path, num_engines=2, tp=2), tmp_path, "tp", gpus_per_node=2)
     nodes, workers = seen["nodes"], seen["workers"]
     actor_nodes = [workers[f"actor/{rank}"]["node_id"] for rank in range(4)]
     assert actor_nodes[0] == actor_nodes[1] != actor_nodes[2] == actor_nodes[3]

@@ -119,6 +119,14 @@ def run_sampler_eager() -> None:
     torch._dynamo.config.disable = True
 
 
+def first_logprobs(flat, start: int) -> list[float]:
+    """The logprob of the token at each position from `start` on: the sampled (or prompt) token's entry comes first
+    at every position of vLLM's FlatLogprobs (`flat_logprobs=True`), and with `logprobs=0` it is the only one. The
+    flat form keeps a rollout's 262k positions out of Python's garbage collector: as a dict and a Logprob object
+    each, they cost the rollout worker 0.7 s of collector pauses a step on the H200 (1.7B shape, 2026-12-02)."""
+    return [flat.logprobs[i] for i in flat.start_indices[start:]]
+
+
 class VllmRolloutEngine:
     """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
 
@@ -160,7 +168,7 @@ class VllmRolloutEngine:
         self._check_generation_ready()
         # Text is decoded once at the end (batch_decode) rather than incrementally by vLLM at every decode step.
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                 top_p=sampling.top_p, logprobs=0, seed=s, detokenize=False,
+                                 top_p=sampling.top_p, logprobs=0, seed=s, detokenize=False, flat_logprobs=True,
                                  ignore_eos=sampling.ignore_eos) for s in seeds or [None] * len(prompt_ids)]
         # long stages show vLLM's progress bar (samples done / total, tokens per second) in the terminal
         show_progress = len(prompt_ids) * sampling.n >= PROGRESS_MIN_SAMPLES
@@ -178,7 +186,7 @@ class VllmRolloutEngine:
 
     @staticmethod
     def _completion(c, text: str) -> Completion:
-        logprobs = [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)]
+        logprobs = first_logprobs(c.logprobs, start=0)
         reason = "length" if c.finish_reason == "length" else "stop"
         return Completion(list(c.token_ids), logprobs, reason, text)
 
@@ -187,14 +195,11 @@ class VllmRolloutEngine:
         from vllm import SamplingParams
 
         self._check_generation_ready()
-        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
+                                flat_logprobs=True)
         rows = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]
         outs = self.llm.generate(rows, params, use_tqdm=False)
-        result = []
-        for out, p, r in zip(outs, prompt_ids, response_ids):
-            steps = out.prompt_logprobs[len(p):]
-            result.append([step[tok].logprob for step, tok in zip(steps, r)])
-        return result
+        return [first_logprobs(out.prompt_logprobs, start=len(p)) for out, p in zip(outs, prompt_ids)]
 
     def sleep(self, level: int | None = None) -> None:
         """Free the KV cache; level 1 moves the weights to host memory, level 2 discards them (default: the

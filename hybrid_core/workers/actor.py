@@ -35,7 +35,7 @@ from hybrid_core.types import MetricsRow, RunRef, StageResult
 from hybrid_core.workers import rank_group
 from hybrid_core.workers.checkpoints import CheckpointKeeper
 from hybrid_core.workers.faults import FaultPoints
-from hybrid_core.workers.stage_clock import stamped
+from hybrid_core.workers.stage_clock import freeze_startup_heap, stamped
 from hybrid_core.workers.step_ledger import VOLATILE_METRICS, StepLedger, check_reproduced, result_from_entry
 from hybrid_core.workers.weight_sender import WeightSender
 
@@ -100,6 +100,7 @@ class ActorWorker:
         self.policy_version, self.trained_step = 0, 0
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
         self.checkpoints = CheckpointKeeper(self)
+        freeze_startup_heap()
 
     def ready(self) -> dict:
         return {"policy_version": self.policy_version, "trained_step": self.trained_step}

@@ -25,7 +25,7 @@ from hybrid_core.types import RunRef, Sample, StageResult
 from hybrid_core.workers import rank_group
 from hybrid_core.workers.evaluation import EvalSettings, Evaluator
 from hybrid_core.workers.faults import FaultPoints
-from hybrid_core.workers.stage_clock import stamped
+from hybrid_core.workers.stage_clock import freeze_startup_heap, stamped
 from hybrid_core.workers.step_ledger import StepLedger
 
 
@@ -83,6 +83,7 @@ class RolloutWorker:
         self.policy_version = 0
         if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
             self.engine.sleep(level=1)
+        freeze_startup_heap()
 
     def info(self) -> dict:
         return {"num_steps": self.sampler.num_steps, "policy_version": self.policy_version}

@@ -1,8 +1,8 @@
 """When a worker began each stage call, how long the call waited to be dispatched, and the seconds its Python garbage
 collector paused it since the previous stage.
 
-Owns the `stamped` decorator of the workers' stage methods and a process-wide GC pause counter (Python's
-`gc.callbacks`). The caller passes `called_at` (its wall clock at the call); the figures are recorded with the stage
+Owns the `stamped` decorator of the workers' stage methods, a process-wide GC pause counter (Python's
+`gc.callbacks`) and the freezing of a worker's start-up heap. The caller passes `called_at` (its wall clock at the call); the figures are recorded with the stage
 in the run's store (`timing_s/dispatch_<stage>`, `timing_s/gc_<stage>`). It knows nothing about what stages do.
 """
 from __future__ import annotations
@@ -21,6 +21,14 @@ def _time_collection(phase: str, info: dict) -> None:
         _gc_clock["started"] = time.perf_counter()
     else:
         _gc_clock["paused_s"] += time.perf_counter() - _gc_clock["started"]
+
+
+def freeze_startup_heap() -> None:
+    """Move every object alive now (a worker's modules, models and engines, built once) to the collector's permanent
+    generation, so the full collections a step's garbage triggers no longer walk them (vLLM does the same for its
+    engine core). Objects frozen are still freed by reference counting; only cycles among them stay."""
+    gc.collect()
+    gc.freeze()
 
 
 def gc_seconds_since_last_report() -> float:

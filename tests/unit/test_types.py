@@ -7,7 +7,7 @@ import pytest
 import gc
 
 from hybrid_core.types import RunRef, StageResult
-from hybrid_core.workers.stage_clock import stamped
+from hybrid_core.workers.stage_clock import freeze_startup_heap, stamped
 
 
 class _Worker:
@@ -44,6 +44,20 @@ def test_the_clock_reports_the_collector_pauses_since_the_last_stage():
     paused = _Worker().score(2).metrics["timing_s/gc_reward"]
     assert 0.5 * collected_s <= paused <= collected_s + 0.05
     assert _Worker().score(3).metrics["timing_s/gc_reward"] < 0.5 * collected_s  # reported once, then counted afresh
+
+
+def test_a_frozen_start_up_heap_is_left_out_of_later_collections():
+    heap = [[[i] for i in range(200)] for _ in range(2000)]  # a worker's long-lived objects: 402k tracked lists
+    gc.collect()
+    assert any(o is heap for o in gc.get_objects())  # a full collection walks them
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() >= 402_000
+        assert not any(o is heap or o is heap[0] for o in gc.get_objects())  # in the permanent generation now
+        assert gc.get_count()[0] < 100  # and the young generation starts empty
+    finally:
+        gc.unfreeze()
+    assert any(o is heap for o in gc.get_objects())
 
 
 def _run(**changes) -> RunRef:

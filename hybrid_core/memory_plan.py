@@ -6,6 +6,7 @@ the GPU), what vLLM does inside its reservation, or the allocator's fragmentatio
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -112,10 +113,10 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     tokens, forward_tokens = ring_tokens(train_tokens(cfg), cfg), ring_tokens(forward_tokens_of(cfg), cfg)
     chunk = cfg.ds.logit_chunk_tokens  # a ring's rank runs the head over its own share's response tokens only
     logit_tokens, forward_logit_tokens = min(tokens, chunk), min(forward_tokens, chunk)
-    is_checkpointed = cfg.actor.gradient_checkpointing_enable
-    activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed)
+    is_checkpointed, fused = cfg.actor.gradient_checkpointing_enable, runs_fused_kernels(cfg)
+    activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed, fused)
     if is_checkpointed:  # the backward recomputes one layer at a time
-        activations += tokens * shape.layer_bytes_per_token(param_bytes)
+        activations += tokens * shape.layer_bytes_per_token(param_bytes, fused)
     activations += ring_kv_bytes(cfg, shape, tokens, is_checkpointed)
     offloaded = cfg.ds.adam_offload
     step_from_cache = has_logits and stage < 3 and logit_tokens * shape.vocab_size >= step_params
@@ -128,6 +129,17 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
         logits=(logit_tokens * shape.vocab_size * LOGIT_BYTES + head_gradient_sum) / GIB if has_logits else 0.0,
         step=0.0 if offloaded or step_from_cache else step_params * STEP_BYTES / GIB,
         forward=forward_logit_tokens * shape.vocab_size * LOGIT_BYTES / GIB if has_logits else 0.0)
+
+
+def runs_fused_kernels(cfg: RunConfig) -> bool:
+    """Whether the trainers run Liger's fused RMSNorm, rotary and SwiGLU (`engines/liger_kernels`): required by
+    `ds.use_liger_kernel`, else the default on CUDA wherever the package is installed. The plan takes Liger to cover
+    the model type, as it does the Qwen-style decoders `ModelShape` describes."""
+    return cfg.ds.use_liger_kernel or (cfg.train.device == "cuda" and liger_installed())
+
+
+def liger_installed() -> bool:
+    return importlib.util.find_spec("liger_kernel") is not None
 
 
 def optimizer_bytes_per_param(block: OptimizerFields, shape: ModelShape, param_dtype: str) -> float:

@@ -34,6 +34,18 @@ def terms(phase) -> dict[str, float]:
     return {term.name: term.gib for term in phase.terms}
 
 
+@pytest.fixture(autouse=True)
+def liger(monkeypatch):
+    """Whether the liger-kernel package is installed, as the plan sees it: not, unless a test says so (the figures
+    by hand are the model's own kernels, whatever this machine has installed)."""
+    import hybrid_core.memory_plan as memory_plan
+
+    def installed(value: bool) -> None:
+        monkeypatch.setattr(memory_plan, "liger_installed", lambda: value)
+    installed(False)
+    return installed
+
+
 def test_qwen3_1_7b_parameters_by_hand():
     shape = model_shape("Qwen/Qwen3-1.7B")
     assert shape.tie_word_embeddings
@@ -116,6 +128,24 @@ def test_activations_and_logits_by_hand():
     ent = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "entropy_coef": 0.01}),
                         model_shape("Qwen/Qwen3-1.7B"), has_logits=True)
     assert ent.logits == b.logits
+
+
+def test_fused_kernels_keep_fewer_activations_by_hand(liger):
+    # Liger per layer: 8·2048 + 8·2048 + 6·1024 + 6·6144 = 75,776 bytes/token (114,688 unfused), × 28 × 2048 tokens
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    liger(True)
+    fused = trainer_bytes(config(), shape, has_logits=True)
+    assert fused.activations == pytest.approx(2048 * 28 * 75_776 / GIB, rel=0, abs=1e-9)
+    cp = trainer_bytes(config(actor={"model_name_or_path": "Qwen/Qwen3-1.7B", "gradient_checkpointing_enable": True}),
+                       shape, has_logits=True)
+    assert cp.activations == pytest.approx(2048 * (28 * 4096 + 75_776) / GIB, rel=0, abs=1e-9)  # inputs unchanged
+    assert fused.logits == trainer_bytes(config(train={"device": "cpu"}), shape, has_logits=True).logits
+    # Liger's kernels run on CUDA only, by default where the package is installed, always with the flag
+    assert trainer_bytes(config(train={"device": "cpu"}), shape, has_logits=True).activations == 6.125
+    liger(False)
+    assert trainer_bytes(config(), shape, has_logits=True).activations == 6.125
+    flagged = trainer_bytes(config(ds={"use_liger_kernel": True}), shape, has_logits=True)
+    assert flagged.activations == fused.activations
 
 
 def test_logits_grow_with_the_chunk_not_the_micro_batch():

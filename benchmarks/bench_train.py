@@ -42,7 +42,8 @@ def _samples(seed: int):
     return TrainSamples(prompts, responses, old, None, adv)
 
 
-def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int, checkpointing: bool, liger: bool):
+def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int, checkpointing: bool,
+             liger: bool | None):
     ds = {"zero_stage": 2, "param_dtype": param_dtype, "packing_samples": packed, "use_liger_kernel": liger}
     train = {"batch_size": NUM_SAMPLES, "micro_batch_size": 4, "device": "cuda" if param_dtype != "fp32" else "cpu",
              "dynamic_batch_enable": packed, "max_tokens_per_gpu": token_budget}
@@ -52,10 +53,10 @@ def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int,
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
                     param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True,
-                    profile: bool = False, liger: bool = False) -> None:
-    """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens) or `..._padded` (4 samples
-    a row), `..._no_ckpt` without gradient checkpointing (nothing recomputed: more activation memory), `..._liger`
-    with `ds.use_liger_kernel` (Liger's RMSNorm, rotary and SwiGLU kernels; patches the process: measure it last).
+                    profile: bool = False, liger: bool | None = None) -> None:
+    """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens; the default path, Liger's
+    kernels on CUDA where installed) or `..._padded` (4 samples a row), `..._no_ckpt` without gradient checkpointing
+    (nothing recomputed: more activation memory), `..._liger` with `ds.use_liger_kernel` required.
     (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.) `profile`: one more
     step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes)."""
     import torch

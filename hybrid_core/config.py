@@ -125,7 +125,9 @@ class DsConfig(ConfigBlock):
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")
-    use_liger_kernel: bool = Field(False, description="Liger kernels")
+    use_liger_kernel: bool | None = Field(None, description="Liger's fused RMSNorm, rotary and SwiGLU kernels: "
+                                           "required (true), off (false), or by default on CUDA where the "
+                                           "package is installed and covers the model type")
     load_in_4bit: bool = Field(False, description="QLoRA 4-bit loading")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings")
     value_head_prefix: str = Field("score", description="value head module name")

@@ -132,10 +132,13 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
 
 
 def runs_fused_kernels(cfg: RunConfig) -> bool:
-    """Whether the trainers run Liger's fused RMSNorm, rotary and SwiGLU (`engines/liger_kernels`): required by
-    `ds.use_liger_kernel`, else the default on CUDA wherever the package is installed. The plan takes Liger to cover
-    the model type, as it does the Qwen-style decoders `ModelShape` describes."""
-    return cfg.ds.use_liger_kernel or (cfg.train.device == "cuda" and liger_installed())
+    """Whether the trainers run Liger's fused RMSNorm, rotary and SwiGLU (`engines/liger_kernels`): as
+    `ds.use_liger_kernel` says (true: required, false: off), else by default on CUDA wherever the package is
+    installed. The plan takes Liger to cover the model type, as it does the Qwen-style decoders `ModelShape`
+    describes."""
+    if cfg.ds.use_liger_kernel is not None:
+        return cfg.ds.use_liger_kernel
+    return cfg.train.device == "cuda" and liger_installed()
 
 
 def liger_installed() -> bool:

@@ -75,10 +75,10 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
 
 def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
     """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout and Liger's
-    kernels (required with `ds.use_liger_kernel`, else by default on CUDA where they apply)."""
+    kernels (as `ds.use_liger_kernel` says: required, off, or by default on CUDA where they apply)."""
     model = load_causal_lm(model_path, ds.param_dtype,
                            attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1),
-                           ds.use_liger_kernel or None)
+                           ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})

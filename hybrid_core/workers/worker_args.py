@@ -59,7 +59,7 @@ def reward_model_settings(cfg: RunConfig) -> RewardModelSettings:
 def ref_settings(cfg: RunConfig) -> FrozenModelSettings:
     """The reference's replicas: the policy's initial weights, frozen, in the run's dtype, on the run's rings."""
     return FrozenModelSettings(model_path=cfg.actor.model_name_or_path, param_dtype=cfg.ds.param_dtype,
-                               batching=forward_batching(cfg), use_liger=cfg.ds.use_liger_kernel or None,
+                               batching=forward_batching(cfg), use_liger=cfg.ds.use_liger_kernel,
                                is_offloaded=cfg.ref.offload, ring=ring_settings(cfg))
 
 

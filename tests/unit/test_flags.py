@@ -163,6 +163,10 @@ def test_value_kinds():
     assert cfg.actor.eps_clip_low_high == (0.2, 0.28) and cfg.rollout.max_new_tokens is None
     assert cfg.critic.adam.lr == 1e-5 and isinstance(cfg.critic.adam.lr, float)
     assert cfg.data.input_template == "Q: {} A:"
+    # a three-way switch: unset (the default: Liger on CUDA where it applies), required, off
+    assert parse_cli([]).ds.use_liger_kernel is None
+    assert parse_cli(["--ds.use_liger_kernel"]).ds.use_liger_kernel is True
+    assert parse_cli(["--ds.use_liger_kernel=false"]).ds.use_liger_kernel is False
 
 
 def test_every_problem_is_reported_at_once():

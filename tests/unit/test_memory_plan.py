@@ -146,6 +146,8 @@ def test_fused_kernels_keep_fewer_activations_by_hand(liger):
     assert trainer_bytes(config(), shape, has_logits=True).activations == 6.125
     flagged = trainer_bytes(config(ds={"use_liger_kernel": True}), shape, has_logits=True)
     assert flagged.activations == fused.activations
+    liger(True)  # installed, but turned off
+    assert trainer_bytes(config(ds={"use_liger_kernel": False}), shape, has_logits=True).activations == 6.125
 
 
 def test_logits_grow_with_the_chunk_not_the_micro_batch():

@@ -4,7 +4,8 @@ what the step committed. Each figure beside its baseline, measured in the same p
 - `commit_*_s`: `RolloutStore.commit` as the stages call it, against Parquet's default encoding (a dictionary for
   every column, what the store wrote before 2026-12-02);
 - `metrics_row_s`: the actor's `write_metrics` reads (`METRIC_COLUMNS` only) and `row_from_records`, against reading
-  whole tables and taking the moments with `statistics` (exact fractions), as before.
+  whole tables and taking the moments with `statistics` (exact fractions), as before;
+- `manifest_step_s_1000`: a step's manifest reads and updates after 1,000 steps, against parsing at every read.
 Shape: 32 prompts × 8 samples, 128-token prompts, 1,024-token responses (benchmarks/configs/h200-iteration.yaml).
 Best of `--repeats`; prints one JSON line and writes it to `--out`.
 Usage: python benchmarks/bench_bookkeeping.py [--out FILE.json] [--repeats N]
@@ -99,6 +100,38 @@ def metrics_row_figures(store: RolloutStore, repeats: int) -> dict[str, float]:
     return {"metrics_row_s": best_of(repeats, row), "metrics_row_s_whole_tables_statistics": best_of(repeats, before)}
 
 
+# A step's manifest traffic, stage by stage, as the workers make it: (worker, stage, reads, then one update). Reads:
+# the replay check, the invalidation before a dataset stage, the entries a stage reads, the entry returned after
+# the commit; the rollout worker commits rollout and reward, the actor the rest.
+STEP_MANIFEST_TRAFFIC = (("rollout", "rollout", 3), ("rollout", "reward", 3), ("actor", "advantage", 4),
+                         ("actor", "train", 3), ("actor", "sync", 2), ("actor", "metrics", 4))
+
+
+def manifest_figures(entries: dict, steps: int, repeats: int) -> dict[str, float]:
+    """`manifest_step_s_<steps>`: one step's manifest reads and updates (STEP_MANIFEST_TRAFFIC) from two workers'
+    stores, after `steps` steps of `entries` each; `..._parse_every_read` parses the file at every read, as the store
+    did before 2026-12-02 (now it compares the bytes it last read or wrote)."""
+    with tempfile.TemporaryDirectory() as root:
+        stores = {"rollout": RolloutStore(root), "actor": RolloutStore(root)}
+        stores["actor"].write_json(rollout_store.MANIFEST, {"steps": {str(k): entries for k in range(1, steps + 1)}})
+        step = iter(range(steps + 1, steps + 1 + 2 * repeats))
+
+        def one_step(parse_every_read: bool) -> None:
+            k = next(step)
+            for worker, stage, reads in STEP_MANIFEST_TRAFFIC:
+                store = stores[worker]
+                for _ in range(reads):
+                    if parse_every_read:
+                        store._manifest_cache = None
+                    store.manifest()
+                store.update_manifest(k, {stage: entries[stage]})
+
+        figures = {f"manifest_step_s_{steps}_parse_every_read": best_of(repeats, lambda: one_step(True)),
+                   f"manifest_step_s_{steps}": best_of(repeats, lambda: one_step(False))}
+        figures[f"manifest_mib_{steps}"] = Path(root, rollout_store.MANIFEST).stat().st_size / 2**20
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -110,6 +143,11 @@ def main() -> None:
         store = RolloutStore(root)
         figures = commit_figures(store, tables, args.repeats)
         figures |= metrics_row_figures(store, args.repeats)
+        entries = store.manifest()["steps"]["1"]
+    # train, sync and metrics records as a run commits them: the seconds and about fifteen figures each
+    record = {"seconds": 0.0653, "metrics": {f"figure_{i:02d}": 0.042648226022720 + i for i in range(15)}}
+    figures |= manifest_figures(entries | {stage: record for stage in ("train", "sync", "metrics")}, 1000,
+                                args.repeats)
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                          text=True).stdout.strip()
     result = {"meta": {"date": date.today().isoformat(), "git_sha": sha, "machine": platform.node(),

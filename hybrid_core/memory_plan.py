@@ -297,7 +297,9 @@ def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int
     tied = "tied" if shape.tie_word_embeddings else "untied"
     notes = [f"model {cfg.actor.model_name_or_path}: {shape.num_params / 1e9:.2f}B parameters ({tied} embeddings)",
              f"largest micro-batches: train {train_tokens(cfg)} tokens, logprob forwards {forward_tokens_of(cfg)} "
-             f"tokens (sequences of up to data.max_len {cfg.data.max_len})"]
+             f"tokens (sequences of up to data.max_len {cfg.data.max_len})",
+             "training activations of " + ("Liger's fused RMSNorm, rotary and SwiGLU kernels"
+                                           if runs_fused_kernels(cfg) else "the model's own kernels")]
     if num_vllm and cfg.vllm.enable_sleep:
         weights_gib = shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / cfg.vllm.tensor_parallel_size / GIB
         held = (f"level 1: its weights wait in host memory, {weights_gib:.2f} GiB of RAM per GPU"

@@ -7,6 +7,7 @@ what the columns mean or who produces them.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -51,6 +52,8 @@ class RolloutStore:
         self.fs, self.root = fsspec.core.url_to_fs(run_dir, **options)
         self.run_dir = run_dir.rstrip("/")
         self.is_local = "file" in self.fs.protocol  # protocol is a str or a tuple of aliases
+        self._manifest_cache: tuple[bytes, dict] | None = None  # the manifest's bytes last read or written, parsed
+        self._step_json: dict[str, tuple[dict, str]] = {}  # step → (its entries, their JSON) of the last write
 
     def stage_path(self, step: int, stage: str) -> str:
         return f"{self.root}/steps/{step}/{stage}"
@@ -176,12 +179,14 @@ class RolloutStore:
         path = f"{self.root}/{name}"
         return json.loads(self.fs.cat_file(path)) if self.fs.exists(path) else default
 
-    def write_json(self, name: str, value) -> None:
-        """Write a JSON document atomically (rename locally; single PUT on object stores). Compact: the manifest is
-        rewritten at every commit, and at 1,000 steps (2.3 MB) json's indented encoder took 0.15 s, its C encoder
-        0.04 s (`python -m json.tool` shows it indented)."""
+    def write_json(self, name: str, value) -> bytes:
+        """Write a JSON document atomically (rename locally; single PUT on object stores); returns the bytes written.
+        Compact: the manifest is rewritten at every commit, and at 1,000 steps (2.3 MB) json's indented encoder took
+        0.15 s, its C encoder 0.04 s (`python -m json.tool` shows it indented)."""
+        return self._write_bytes(name, compact_json(value).encode())
+
+    def _write_bytes(self, name: str, data: bytes) -> bytes:
         path = f"{self.root}/{name}"
-        data = json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
         if self.is_local:
             self.fs.makedirs(self.root, exist_ok=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
@@ -189,11 +194,28 @@ class RolloutStore:
             self.fs.mv(tmp, path)
         else:
             self.fs.pipe_file(path, data)
+        return data
 
     def manifest(self) -> dict:
-        """The run's table of contents ({"steps": {}} before the first commit); a damaged one is a clear error."""
+        """The run's table of contents ({"steps": {}} before the first commit); a damaged one is a clear error.
+
+        The file is read every time, but parsed again only when its bytes differ from those this store last read
+        or wrote: the stages of a step read it about twenty times, and at 1,000 steps (2.3 MB) a parse took 0.04 s
+        on the 2-core machine, reading and comparing the bytes 2 ms. The dict returned is shared with later calls:
+        read it, never change it (`update_manifest` changes the file)."""
+        path = f"{self.root}/{MANIFEST}"
+        data = self.fs.cat_file(path) if self.fs.exists(path) else None
+        if data is None:
+            return {"steps": {}}
+        if self._manifest_cache is not None and self._manifest_cache[0] == data:
+            return self._manifest_cache[1]
+        manifest = self._parse_manifest(data)
+        self._manifest_cache = (data, manifest)
+        return manifest
+
+    def _parse_manifest(self, data: bytes) -> dict:
         try:
-            manifest = self.read_json(MANIFEST, {"steps": {}})
+            manifest = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise self.damaged(f"it is not valid JSON ({err})") from err
         if not isinstance(manifest, dict) or not isinstance(manifest.get("steps"), dict):
@@ -206,15 +228,32 @@ class RolloutStore:
                              f"start a new --run_id (the datasets under {self.run_dir}/steps/ are untouched)")
 
     def update_manifest(self, step: int, entries: dict) -> None:
-        """Set the step's entries (a None value removes one)."""
-        manifest = self.manifest()
-        current = manifest["steps"].setdefault(str(step), {})
+        """Set the step's entries (a None value removes one). The manifest read is copied where it changes (the
+        top level, the steps table, this step's entries; the new entries deeply, as callers keep theirs), so the
+        parse other calls share changes only once the file has."""
+        read = self.manifest()
+        current = dict(read["steps"].get(str(step), {}))
         for key, value in entries.items():
             if value is None:
                 current.pop(key, None)
             else:
-                current[key] = value
-        self.write_json(MANIFEST, manifest)
+                current[key] = copy.deepcopy(value)
+        manifest = read | {"steps": read["steps"] | {str(step): current}}
+        self._manifest_cache = (self._write_bytes(MANIFEST, self._manifest_json(manifest).encode()), manifest)
+
+    def _manifest_json(self, manifest: dict) -> str:
+        """`compact_json(manifest)`, byte for byte, with each step's entries encoded again only when they are not
+        the very dicts this store wrote last (a parse of another worker's write makes new ones): at 1,000 steps
+        encoding the whole manifest took 0.04 s of each of a step's six updates on the 2-core machine."""
+        encoded = {}
+        for key, entries in manifest["steps"].items():
+            known = self._step_json.get(key)
+            encoded[key] = known if known is not None and known[0] is entries else (entries, compact_json(entries))
+        self._step_json = encoded
+        steps = "{" + ",".join(f"{json.dumps(key)}:{encoded[key][1]}" for key in sorted(encoded)) + "}"
+        parts = (f"{json.dumps(key)}:{steps if key == 'steps' else compact_json(value)}"
+                 for key, value in sorted(manifest.items()))
+        return "{" + ",".join(parts) + "}"
 
     def record(self, step: int, name: str, value: dict) -> None:
         """Record a committed stage or record of `step` in the manifest, then log the commit event."""
@@ -233,6 +272,11 @@ class RolloutStore:
                  "files": files} | dict(record or {})
         self.record(step, stage, entry)
         return self.stage_uri(step, stage)
+
+
+def compact_json(value) -> str:
+    """The store's JSON: sorted keys, no spaces (json's C encoder)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def table_hash(table: pa.Table, drop=()) -> str:

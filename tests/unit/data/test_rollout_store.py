@@ -3,6 +3,7 @@
 The same round trip runs on a local folder and on `s3://` served by a real moto server (module-scoped fixture).
 """
 
+import copy
 import json
 import os
 import time
@@ -145,6 +146,45 @@ def test_record_builds_the_manifest_and_logs_events(store):
     times = [e["time"] for e in events]
     assert all(isinstance(t, float) for t in times) and times == sorted(times)
     assert abs(times[-1] - time.time()) < 60
+
+
+def test_the_manifest_is_parsed_again_only_after_the_file_changed(store, monkeypatch):
+    parses = []
+    parse = RolloutStore._parse_manifest
+    monkeypatch.setattr(RolloutStore, "_parse_manifest", lambda self, data: parses.append(data) or parse(self, data))
+    other = copy.copy(store)  # another worker's store of the same run (its own cache)
+    entry = {"rows": 4, "policy_version": 0}
+    store.record(1, "rollout", entry)
+    entry["rows"] = 5  # the caller's dict is not the manifest's
+    first = store.manifest()
+    assert store.manifest() is first and parses == []  # the bytes it wrote are the bytes it reads: no parse
+    assert first["steps"]["1"]["rollout"]["rows"] == 4
+    before = len(parses)
+    other.record(1, "reward", {"rows": 4, "policy_version": 0})  # the file changed under the first store
+    assert set(store.manifest()["steps"]["1"]) == {"rollout", "reward"} and len(parses) > before
+    assert set(first["steps"]["1"]) == {"rollout"}  # what a caller holds is never changed behind it
+
+    def failing_write(name, data):
+        raise OSError("disk full")
+    monkeypatch.setattr(store, "_write_bytes", failing_write)
+    with pytest.raises(OSError, match="disk full"):
+        store.update_manifest(1, {"advantage": {"rows": 4}})
+    assert set(store.manifest()["steps"]["1"]) == {"rollout", "reward"}  # the failed update left no trace
+    assert set(other.manifest()["steps"]["1"]) == {"rollout", "reward"}
+
+
+def test_updates_write_what_the_json_encoder_writes_byte_for_byte(store):
+    other = copy.copy(store)
+    store.write_json("manifest.json", {"steps": {}, "run_id": "r1", "config": {"b": [1, 2.5], "a": None}})
+    for k in (1, 2, 10, 9):  # step keys sort as strings: "1" < "10" < "2" < "9"
+        store.record(k, "rollout", {"rows": k, "policy_version": k - 1, "hash": f"h{k}", "files": {"p": "x"}})
+        other.record(k, "train", {"seconds": 0.1 * k, "metrics": {"kl": -0.0, "lr": 1e-06, "loss": float("nan")}})
+        store.update_manifest(k, {"rollout": None} if k == 2 else {"reward": {"rows": 2, "label": "é"}})
+    written = store.fs.cat_file(f"{store.root}/manifest.json")
+    parsed = json.loads(written)
+    assert written == json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
+    assert list(parsed["steps"]) == ["1", "10", "2", "9"] and set(parsed["steps"]["2"]) == {"train"}
+    assert parsed["config"] == {"a": None, "b": [1, 2.5]} and parsed["steps"]["9"]["reward"]["label"] == "é"
 
 
 def test_write_json_round_trip_sorted_and_overwrites(store):

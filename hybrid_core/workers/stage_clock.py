@@ -2,8 +2,9 @@
 collector paused it since the previous stage.
 
 Owns the `stamped` decorator of the workers' stage methods, a process-wide GC pause counter (Python's
-`gc.callbacks`) and the freezing of a worker's start-up heap. The caller passes `called_at` (its wall clock at the call); the figures are recorded with the stage
-in the run's store (`timing_s/dispatch_<stage>`, `timing_s/gc_<stage>`). It knows nothing about what stages do.
+`gc.callbacks`) and the freezing of a worker's start-up heap. The caller passes `called_at` (its wall clock at the
+call); the figures are recorded with the stage in the run's store (`timing_s/dispatch_<stage>`,
+`timing_s/gc_<stage>`). It knows nothing about what stages do.
 """
 from __future__ import annotations
 

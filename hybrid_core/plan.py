@@ -7,7 +7,6 @@ the placement groups.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.engine_layout import EngineLayout, engine_lines
-from hybrid_core.memory_plan import estimate_memory, fit_summary, render_memory
+from hybrid_core.memory_plan import estimate_memory, fit_summary, liger_installed, render_memory
 from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, node_blocks, node_lines
 from hybrid_core.optimizer_rules import optimizer_lines, optimizer_problems
 from hybrid_core.ring_plan import ring_lines, ring_problems
@@ -295,7 +294,7 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
     if cfg.train.device != "cuda":
         return [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device {cfg.train.device}; "
                 "drop --ds.use_liger_kernel"]
-    if importlib.util.find_spec("liger_kernel") is None:
+    if not liger_installed():
         return [f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}"]
     return []
 

@@ -22,6 +22,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "benchmarks" / "configs"
 OVERHEAD_KEYS = ("timing_s/vllm_wake", "timing_s/vllm_sleep", "timing_s/ds_wake", "timing_s/ds_sleep", "timing_s/sync")
+WITHIN_SYNC_KEYS = ("timing_s/ds_sleep_wait",)  # part of the sync's seconds: DeepSpeed's sleep copy ending there
 STAGES = ("rollout", "reward", "advantage", "train", "sync")
 
 
@@ -109,7 +110,7 @@ def _iteration_figures(results, run_dir: Path) -> None:
     if not timed:
         return
     stage_s = {s: statistics.fmean(rows[k][f"timing_s/{s}"] for k in timed) for s in STAGES}
-    for key in OVERHEAD_KEYS[:4]:
+    for key in OVERHEAD_KEYS[:4] + WITHIN_SYNC_KEYS:
         stage_s[key.split("/")[1]] = statistics.fmean(rows[k].get(key, 0.0) for k in timed)
     wall = statistics.fmean(walls[k] for k in timed)
     orchestration = wall - sum(stage_s[s] for s in STAGES)

@@ -58,7 +58,8 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
                    note="vLLM prompt logprobs vs the sender's HF forward, bf16, 256 tokens")
 
 
-def _roofline(model_dir: Path, copy_gbps: float, concurrency: int) -> tuple[float, dict]:
+def _roofline(model_dir: Path, copy_gbps: float, concurrency: int,
+              mean_context: float = PROMPT_TOKENS + NEW_TOKENS / 2) -> tuple[float, dict]:
     """Decode roofline: every step reads the weights and the KV cache at the mean context (read + write bytes
     of a device copy measured here set the rate)."""
     import json
@@ -66,7 +67,6 @@ def _roofline(model_dir: Path, copy_gbps: float, concurrency: int) -> tuple[floa
     shape = json.loads((model_dir / "config.json").read_text())
     weight_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
     kv_per_token = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
-    mean_context = PROMPT_TOKENS + NEW_TOKENS / 2
     step_bytes = weight_bytes + concurrency * mean_context * kv_per_token
     terms = {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "mean_context": mean_context,
              "concurrency": concurrency, "copy_gbps": copy_gbps}

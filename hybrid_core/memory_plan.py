@@ -219,6 +219,7 @@ class _GpuRoles:
     reward: tuple[Term, ...]  # (weights, forward) of the reward model, or ()
     vllm_gib: float
     resident: tuple[Term, ...]  # held in every phase: contexts, library buffers, weight-sync buffers
+    sync_excess_gib: float = 0.0  # the sync's vLLM weights beyond the train step's freed blocks (`sync_excess`)
 
 
 def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
@@ -227,6 +228,8 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
     if roles.vllm_gib and (name == "rollout" or not cfg.vllm.enable_sleep):
         terms.append(Term("vLLM reservation", roles.vllm_gib))
     terms += _trainer_terms("actor", roles.actor, name, "train", cfg.ds.enable_sleep)
+    if name == "train" and roles.sync_excess_gib > 0:
+        terms.append(Term("vLLM weights in the sync, beside DeepSpeed's sleep copy", roles.sync_excess_gib))
     if roles.ref:  # the reference empties PyTorch's cache after its forwards: the forward counts where it runs
         terms += roles.ref if name == "experience" else () if cfg.ref.offload else roles.ref[:1]
     if roles.critic is not None:
@@ -235,6 +238,21 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
         is_held = name == "reward" or not cfg.reward.offload
         terms += (roles.reward if name == "reward" else roles.reward[:1]) if is_held else ()
     return Phase(name, (*terms, *roles.resident))
+
+
+def defers_ds_sleep(cfg: RunConfig) -> bool:
+    """Whether the actor's DeepSpeed sleep copies its optimizer states to the host while the weight sync runs (our
+    pinned-buffer mover under ZeRO-1/2; ZeRO-3, stage 0 and `ds.adam_offload` sleep at once)."""
+    return cfg.ds.enable_sleep and cfg.ds.zero_stage in (1, 2) and not cfg.ds.adam_offload
+
+
+def sync_excess(cfg: RunConfig, actor: TrainerBytes, vllm_weights_gib: float) -> float:
+    """GiB the sync phase holds beyond the train phase, counted in the train phase: while DeepSpeed's sleep still
+    copies (`defers_ds_sleep`), the actor's weights, gradients and optimizer states stay beside the vLLM weights that
+    wake for the sync; the step's activations, logits and temporaries are free by then."""
+    if not (defers_ds_sleep(cfg) and cfg.vllm.enable_sleep and vllm_weights_gib):
+        return 0.0
+    return max(0.0, vllm_weights_gib - (actor.activations + actor.logits + actor.step))
 
 
 def reward_model_terms(cfg: RunConfig) -> tuple[Term, ...]:
@@ -252,7 +270,8 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
     """Per-GPU memory of the roles sharing one of the actor's GPUs, phase by phase, on a GPU of `gpu_total_gib`.
 
     Phases: rollout (vLLM generates), with a reward model reward (its forwards), experience (no-grad logprob
-    forwards), train (the actor's update) and, with a critic, critic train. vLLM reserves
+    forwards), train (the actor's update, and the weight sync after it: `sync_excess`) and, with a critic, critic
+    train. vLLM reserves
     `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache and activations. The reference model
     keeps its weights (with `ref.offload` in the experience phase only); its logprob forward counts in the
     experience phase; the reward model's in the reward phase.
@@ -284,8 +303,10 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
     if num_vllm:  # the actor packs weight buckets into persistent buffers that vLLM maps through CUDA IPC
         bucket_bytes = max(cfg.vllm.sync_bucket_mb * 2**20, shape.largest_param_numel * PARAM_BYTES[cfg.ds.param_dtype])
         resident += (Term("actor weight-sync buffers", SYNC_BUFFERS * bucket_bytes / GIB),)
+    vllm_weights_gib = num_vllm * shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / cfg.vllm.tensor_parallel_size \
+        / GIB
     gpu_roles = _GpuRoles(actor, critic, ref, reward, num_vllm * cfg.vllm.gpu_memory_utilization * gpu_total_gib,
-                          resident)
+                          resident, sync_excess(cfg, actor, vllm_weights_gib))
     names = ("rollout",) + (("reward",) if reward else ()) + ("experience", "train") \
         + (("critic train",) if critic is not None else ())
     phases = tuple(_phase(name, gpu_roles, cfg) for name in names)

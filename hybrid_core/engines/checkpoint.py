@@ -38,6 +38,7 @@ def save_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
     fs, root = fsspec.core.url_to_fs(ckpt_root)
     is_local = "file" in fs.protocol
     local_root = Path(root if is_local else tempfile.mkdtemp(prefix="hybrid-ckpt-")) / f"_{role}"
+    engine.finish_sleep()  # the optimizer states are whole again (in host memory) before DeepSpeed reads them
     engine.engine.save_checkpoint(str(local_root), tag=tag_of(step), client_state=client_state)
     if not is_local:  # each data-parallel rank uploads the files it wrote (its optimizer partition; rank 0 the model)
         local_tag = local_root / tag_of(step)
@@ -56,6 +57,7 @@ def load_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
         fs.get(f"{root}/_{role}/{tag_of(step)}", str(local_root / tag_of(step)), recursive=True)
     if not (local_root / tag_of(step)).is_dir():
         raise FileNotFoundError(f"checkpoint {tag_of(step)} of the {role} not found under {ckpt_root}")
+    engine.finish_sleep()
     _, client_state = engine.engine.load_checkpoint(str(local_root), tag=tag_of(step), load_optimizer_states=True,
                                                     load_lr_scheduler_states=True)
     if not is_local:

@@ -215,6 +215,27 @@ class DeepSpeedTrainEngine:
             self.engine.offload_states()
         return 0
 
+    def sleep_soon(self) -> None:
+        """Start `sleep`'s copy to the host and return while it runs (the weight sync goes on beside it);
+        `finish_sleep` waits for it and frees the GPU memory. Only our mover under ZeRO-1/2 does this; every other
+        path (ZeRO-3's DeepSpeed-moved gradient states, DeepSpeed's own offload) sleeps at once."""
+        if self.state_mover is None or self.is_zero3:
+            self.sleep()
+            return
+        if self._waking is not None:
+            self.wake_up()
+        torch.cuda.empty_cache()  # the step's freed blocks go back now (emptying during the copy would wait for it)
+        self.state_mover.start_sleep()
+
+    def finish_sleep(self) -> float:
+        """Wait for the sleep `sleep_soon` started, so its GPU memory is free; returns the seconds waited (0.0 when
+        none was under way). Every other call that touches the optimizer finishes it first."""
+        if self.state_mover is None or not self.state_mover.is_copying:
+            return 0.0
+        start = time.perf_counter()
+        self.state_mover.finish_sleep()
+        return time.perf_counter() - start
+
     def _sleep_beside_host_optimizer(self) -> None:
         """ds.adam_offload: the fp32 masters, Adam's moments and the step live on the host already, so nothing is
         copied. What training left on the GPU is ZeRO-3's gradient bucket (dropped; `wake_up` allocates it again)
@@ -233,6 +254,7 @@ class DeepSpeedTrainEngine:
         """Start bringing the states back in a background thread, so the host-to-device copy overlaps other work
         (the advantage stage's reference forward); `wake_up` then only waits for what is left. Only our pinned-buffer
         mover does this (DeepSpeed's own reload is not thread-safe to overlap)."""
+        self.finish_sleep()
         if self.state_mover is None or not self.state_mover.asleep or self._waking is not None:
             return
         self._waking = self._waker.submit(self.state_mover.wake_up)

@@ -1,8 +1,8 @@
 """DeepSpeed sleep on a GPU: optimizer states and fp32 master weights to persistent pinned host memory and back.
 
 Owns one page-locked host buffer per train engine, allocated once when the worker starts (in a background thread,
-overlapped with model loading), and the moves: sleep copies every state into that buffer and frees the GPU copies;
-wake allocates one GPU block, copies the whole buffer back in one transfer and points the states at views of it.
+overlapped with model loading), and the moves: sleep copies every state into that buffer (on a side stream, so the
+caller's next GPU work can run beside the copy) and frees the GPU copies once it is done; wake allocates one GPU block, copies the whole buffer back in one transfer and points the states at views of it.
 DeepSpeed's own `offload_states` allocates pinned memory on its first call (17–23 s for 20 GB on an H200) and per
 tensor afterwards, and under ZeRO-3 it refuses a torch optimizer (it moves only its FusedAdam's states); this avoids
 all three. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.
@@ -75,17 +75,29 @@ def fp32_partitions(zero_optimizer) -> list[torch.Tensor]:
     return partitions if partitions is not None else zero_optimizer.fp32_partitioned_groups_flat
 
 
+@dataclass(frozen=True)
+class _Copy:
+    """A sleep's device-to-host copy under way: its end on the side stream, its bytes and when it started."""
+
+    done: torch.cuda.Event
+    total: int
+    started: float
+
+
 class OptimizerStateMover:
     """Moves a ZeRO optimizer's fp32 master partitions and Adam states between the GPU and pinned host memory.
 
     `sleep` keeps the layout; `wake_up` restores each state as a view of one GPU block, and the next `sleep` moves
-    that block back in one copy. DeepSpeed's fp32↔bf16 fragment links are cleared before and rebuilt after, as its
+    that block back in one copy. `start_sleep` + `finish_sleep` are `sleep` in two halves, so that other GPU work
+    runs while the copy does. DeepSpeed's fp32↔bf16 fragment links are cleared before and rebuilt after, as its
     own `offload_states` does.
     """
 
     def __init__(self, zero_optimizer, host: PinnedHostBuffer):
         self.opt, self.host, self.asleep, self._block = zero_optimizer, host, False, None
         self.last_bytes, self.last_seconds, self.last_wake_seconds = 0, {}, {}
+        self._stream: torch.cuda.Stream | None = None  # the side stream sleep's copy runs on
+        self._copy: _Copy | None = None  # a sleep started and not finished
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -134,10 +146,12 @@ class OptimizerStateMover:
                     if getattr(mapping, "optim_fragment", None) is not None:
                         mapping.optim_fragment.clear()
 
-    def sleep(self) -> int:
-        """Copy every state to the pinned buffer and free the GPU copies; returns the bytes moved."""
-        if self.asleep:
-            return 0
+    def start_sleep(self) -> None:
+        """Start copying every state to the pinned buffer on a side stream, after the work queued so far (the
+        optimizer step), and return: the caller's later GPU work (the weight sync) runs beside the copy. The states
+        stay on the GPU, untouched, until `finish_sleep`."""
+        if self.asleep or self._copy is not None:
+            return
         start = time.perf_counter()
         self._release_fragment_links()
         self._layout = self._slots()
@@ -146,22 +160,47 @@ class OptimizerStateMover:
         if total > host.numel():
             raise RuntimeError(f"DeepSpeed sleep needs {total / 1e9:.2f} GB of host buffer, {host.numel() / 1e9:.2f} "
                                "GB were allocated at start; report this (unexpected optimizer state)")
-        if self._still_in_block():  # states are the views of one GPU block `wake_up` made: one transfer
-            host[:self._block.numel()].copy_(self._block, non_blocking=True)
-        else:
-            for slot in self._layout:
-                self._view(host, slot).copy_(slot.get(), non_blocking=True)
-        torch.cuda.synchronize()
+        self._stream = self._stream or torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            if self._still_in_block():  # states are the views of one GPU block `wake_up` made: one transfer
+                host[:self._block.numel()].copy_(self._block, non_blocking=True)
+            else:
+                for slot in self._layout:
+                    self._view(host, slot).copy_(slot.get(), non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        self._copy = _Copy(done=done, total=total, started=start)
+
+    def finish_sleep(self) -> int:
+        """Wait for the copy `start_sleep` began, point every state at the host buffer and free the GPU copies;
+        returns the bytes moved (0 when no copy was under way)."""
+        if self._copy is None:
+            return 0
+        copy, self._copy = self._copy, None
+        copy.done.synchronize()
         copied = time.perf_counter()
+        host = self.host.get()
         for slot in self._layout:
             slot.set(self._view(host, slot))
-        self._block, self.asleep, self.last_bytes = None, True, total
+        self._block, self.asleep, self.last_bytes = None, True, copy.total
         torch.cuda.empty_cache()  # the freed memory goes back to the driver, for vLLM's process
-        self.last_seconds = {"copy": copied - start, "release": time.perf_counter() - copied}
-        return total
+        self.last_seconds = {"copy": copied - copy.started, "release": time.perf_counter() - copied}
+        return copy.total
+
+    @property
+    def is_copying(self) -> bool:
+        """A sleep was started and not finished yet."""
+        return self._copy is not None
+
+    def sleep(self) -> int:
+        """Copy every state to the pinned buffer and free the GPU copies; returns the bytes moved."""
+        self.start_sleep()
+        return self.finish_sleep()
 
     def wake_up(self) -> int:
         """Bring every state back to the GPU (one allocation, one copy); returns the bytes moved."""
+        self.finish_sleep()
         if not self.asleep:
             return 0
         total, start = self.last_bytes, time.perf_counter()

@@ -200,7 +200,7 @@ class ActorWorker:
         loss = dataclasses.replace(self.args.loss, kl_coef=kl_coef)
         stats = fit_actor(self.engine, self._train_samples(step), loss, self._batch_plan(step), self.args.correction)
         sleep_start = time.perf_counter()
-        self.engine.sleep()
+        self.engine.sleep_soon()  # the copy to the host runs on while the sync starts; the sync waits for its end
         stats |= {"timing_s/ds_wake": wake_s, "timing_s/ds_sleep": time.perf_counter() - sleep_start}
         return stats | memory_peak_gib("actor_train")
 
@@ -228,16 +228,31 @@ class ActorWorker:
     def sync(self, step: int) -> StageResult:
         """Push the trained weights to the rollout engines bucket by bucket; the engines then hold version `step`."""
         if self.policy_version >= step:
+            self.finish_sleeps()
             return result_from_entry(SYNC.name, step, self.ledger.entry(step, SYNC.name), replayed=True)
         committed = self.ledger.entry(step, SYNC.name)
         self.ledger.begin(step, SYNC.name)
-        sent = self.push_to_engines(step)
+        try:
+            sent = self.push_to_engines(step)
+        finally:  # the rollout engines wake their KV cache next: DeepSpeed's sleep must have freed its memory
+            waited = self.finish_sleeps()
         if committed is not None:  # synced again after a restore: the record stands
             self.ledger.seconds(step, SYNC.name)
             self.store.log_event(step, SYNC.name, "reproduced")
             return result_from_entry(SYNC.name, step, committed, replayed=True)
-        entry = self.ledger.record(step, SYNC.name, self.clock, {"bytes": float(sent)}, policy_version=step)
+        stats = {"bytes": float(sent), "timing_s/ds_sleep_wait": waited}
+        entry = self.ledger.record(step, SYNC.name, self.clock, stats, policy_version=step)
         return result_from_entry(SYNC.name, step, entry)
+
+    def finish_sleeps(self) -> float:
+        """Every rank's DeepSpeed sleep that `_fit` started is done and its GPU memory free; returns the seconds
+        this rank waited for it."""
+        peer_calls = rank_group.started_on_peers(self._peers(), "finish_sleep")
+        return rank_group.with_peers("actor", peer_calls, self.finish_sleep, self.run.stage_timeout_s)
+
+    def finish_sleep(self) -> float:
+        """This rank's part of `finish_sleeps` (ranks 1..n-1 are called by rank 0)."""
+        return self.engine.finish_sleep()
 
     def push_to_engines(self, version: int) -> int:
         """Every rollout engine loads this policy's weights, then holds `version`; returns the bytes of one copy

@@ -73,3 +73,64 @@ def test_a_wake_started_ahead_gives_the_same_next_step(make_trainer, cuda):
         return moved, float(loss)
 
     assert after_round_trip(ahead=True) == after_round_trip(ahead=False)
+
+
+def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_step(make_trainer, cuda):
+    """`sleep_soon` (the actor's train stage) copies on a side stream while other GPU work runs and keeps the states
+    on the GPU until `finish_sleep` (the sync's end): then the same bytes are freed as by `sleep`, and after a wake
+    the next step's loss is the plain round trip's, bit for bit."""
+    torch = cuda
+
+    def after_round_trip(deferred: bool) -> tuple[int, float]:
+        trainer = make_trainer(lr=1e-4)
+        prompt, response = fixed_sequence(16, 500), fixed_sequence(128, 501)
+        trainer.wake_up()
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        torch.cuda.synchronize()
+        if not deferred:
+            moved = trainer.sleep()
+        else:
+            trainer.sleep_soon()
+            busy = torch.full((4096, 4096), 0.5, device="cuda")
+            for _ in range(8):  # the sync's work on the default stream, beside the copy
+                busy = busy @ busy / 64
+            torch.cuda.synchronize()
+            free_copying = torch.cuda.mem_get_info()[0]
+            assert trainer.state_mover.is_copying and not trainer.state_mover.asleep
+            assert trainer.finish_sleep() >= 0.0
+            moved = trainer.state_mover.last_bytes
+            freed = torch.cuda.mem_get_info()[0] - free_copying
+            assert freed >= 0.9 * moved, (freed / 2**30, moved / 2**30)  # freed at the finish, not before
+            assert trainer.finish_sleep() == 0.0  # nothing left under way
+        trainer.wake_up()
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        with torch.no_grad():
+            loss, _ = sft_loss(prompt, response)(trainer.engine)
+        return moved, float(loss)
+
+    assert after_round_trip(deferred=True) == after_round_trip(deferred=False)
+
+
+def test_a_wake_while_the_sleep_copies_finishes_it_first(make_trainer, cuda):
+    """A wake (or a second sleep) that comes while `sleep_soon`'s copy runs waits for it: the states end on the GPU
+    and the step after is the plain round trip's."""
+    torch = cuda
+
+    def after(wake_early: bool) -> float:
+        trainer = make_trainer(lr=1e-4)
+        prompt, response = fixed_sequence(16, 600), fixed_sequence(128, 601)
+        trainer.wake_up()
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        if wake_early:
+            trainer.sleep_soon()
+            trainer.wake_up_soon()  # finishes the copy, then starts the copy back
+        else:
+            trainer.sleep()
+        trainer.wake_up()
+        assert not trainer.state_mover.is_copying and not trainer.state_mover.asleep
+        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        with torch.no_grad():
+            loss, _ = sft_loss(prompt, response)(trainer.engine)
+        return float(loss)
+
+    assert after(wake_early=True) == after(wake_early=False)

@@ -356,3 +356,32 @@ def test_the_deepspeed_peak_benchmark_configuration_by_hand():
         + 0.8 + 2.0
     assert plan.peak_phase.name == "train"
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
+
+
+def sync_beside_sleep_config(**ds):
+    """8 GPUs, ZeRO-2, a 2,048-token micro-batch and 1,536-token head chunks: the train step's freed blocks are
+    smaller than the vLLM weights that wake for the sync."""
+    return config(world=8, train={"micro_batch_size": 1, "colocate_all": True},
+                  actor={"gradient_checkpointing_enable": True},
+                  ds={"enable_sleep": True, "logit_chunk_tokens": 1536} | ds,
+                  vllm={"num_engines": 8, "sync_bucket_mb": 256, "enable_sleep": True})
+
+
+def test_the_sync_beside_a_copying_sleep_counts_in_the_train_phase():
+    # the sync runs while DeepSpeed's sleep still copies: weights, gradients and optimizer states stay beside the
+    # vLLM weights (1,720,574,976 · 2 bytes = 3.2048206329 GiB) instead of the step's activations (2,048 tokens ·
+    # (28 layers · 2048 · 2 bytes checkpointed + one recomputed layer of the same) = 0.4375 GiB), logits
+    # (1,536 · 151,936 · 10 bytes + the head's gradient sum = 2.7530517578 GiB) and step temporaries (none: the
+    # 215M-parameter partition's step reuses the logits' cached blocks)
+    train = terms(estimate_memory(sync_beside_sleep_config(), H200_GIB).phases[2])
+    excess = 3.2048206329 - 0.4375 - (2.17346191406 + HEAD_GRADIENT_SUM)
+    assert train["vLLM weights in the sync, beside DeepSpeed's sleep copy"] == pytest.approx(excess, rel=0, abs=1e-9)
+
+
+@pytest.mark.parametrize("ds", [{"zero_stage": 3}, {"adam_offload": True}, {"enable_sleep": False},
+                                {"logit_chunk_tokens": 4096}])
+def test_no_sync_term_where_the_sleep_is_not_deferred_or_the_step_frees_more(ds):
+    # ZeRO-3 and adam_offload sleep at once (nothing copies during the sync); without sleep the states stay anyway;
+    # with 4,096-token chunks the freed logits alone (3.48 GiB) exceed the vLLM weights
+    train = terms(estimate_memory(sync_beside_sleep_config(**ds), H200_GIB).phases[2])
+    assert not any(name.startswith("vLLM weights in the sync") for name in train)

@@ -1,0 +1,121 @@
+"""Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the
+iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's
+own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
+the sampled token's logprob. One generate at 256 new tokens runs under the CUDA profiler: the kernels' summed time
+against the wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels,
+and the top kernels say which.
+
+    python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
+
+Writes JSON after every figure (a cut-off run keeps what it measured). Knows nothing about Ray, Prefect or the store.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import timed  # noqa: E402
+from bench_vllm import _ids, _roofline  # noqa: E402
+
+PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, PROFILED_TOKENS = 32, 8, 100, 1024, 256
+TOP_KERNELS = 15
+
+
+class Figures:
+    def __init__(self, path: Path, meta: dict):
+        self.path, self.data = path, {"meta": meta, "figures": {}}
+
+    def put(self, name: str, value) -> None:
+        self.data["figures"][name] = value
+        print(f"[profile] {name} = {json.dumps(value, default=str)[:400]}", flush=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1, default=str))
+
+
+def copy_gbps() -> float:
+    """Device copy bandwidth, read + written bytes (the roofline's rate, as `run_all.anchors` measures it)."""
+    import torch
+
+    src = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    seconds = [timed(lambda: dst.copy_(src))[0] for _ in range(10)]
+    return 2 * src.numel() * 2 / sorted(seconds)[len(seconds) // 2] / 1e9
+
+
+def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: bool) -> float:
+    """Tokens per second of one generate of the whole batch (the adapter's own call when logprobs are on)."""
+    from vllm import SamplingParams
+
+    from hybrid_core.engines.vllm_rollout import SamplingSettings
+
+    seeds = list(range(len(prompts))) if seeded else None
+    if logprobs:
+        sampling = SamplingSettings(n=SAMPLES, max_new_tokens=new_tokens, ignore_eos=True, seed_per_prompt=seeded)
+        seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds))
+        return sum(len(c.token_ids) for samples in out for c in samples) / seconds
+    params = [SamplingParams(n=SAMPLES, max_tokens=new_tokens, temperature=1.0, seed=s, detokenize=False,
+                             ignore_eos=True) for s in seeds or [None] * len(prompts)]
+    rows = [{"prompt_token_ids": p} for p in prompts]
+    seconds, out = timed(lambda: engine.llm.generate(rows, params, use_tqdm=False))
+    return sum(len(c.token_ids) for o in out for c in o.outputs) / seconds
+
+
+def kernel_profile(engine, prompts) -> dict:
+    """One generate of PROFILED_TOKENS under the CUDA profiler: wall, summed kernel time and the top kernels."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from hybrid_core.engines.vllm_rollout import SamplingSettings
+
+    sampling = SamplingSettings(n=SAMPLES, max_new_tokens=PROFILED_TOKENS, ignore_eos=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall, _ = timed(lambda: engine.generate(prompts, sampling, list(range(len(prompts)))))
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total_us = sum(e.device_time_total for e in kernels)
+    top = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:TOP_KERNELS]
+    torch.cuda.synchronize()
+    return {"wall_s": wall, "kernel_s": total_us / 1e6, "gpu_busy_fraction": total_us / 1e6 / wall,
+            "steps": PROFILED_TOKENS,
+            "top_kernels": [{"name": e.key[:120], "calls": e.count, "total_ms": e.device_time_total / 1e3,
+                             "share": e.device_time_total / total_us} for e in top]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)  # the iteration config's
+    args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
+    from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
+
+    figures = Figures(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
+                                 "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]})
+    gbps = copy_gbps()
+    roofline, terms = _roofline(args.model, gbps, PROMPTS * SAMPLES, mean_context=PROMPT_TOKENS + NEW_TOKENS / 2)
+    figures.put("roofline_tok_s", {"tok_s": roofline, "terms": terms})
+    start = time.perf_counter()
+    engine = VllmRolloutEngine(EngineSettings(model_path=str(args.model), seed=0, max_model_len=1152,
+                                              gpu_memory_utilization=args.gpu_memory_utilization))
+    figures.put("engine_start_s", time.perf_counter() - start)
+    prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
+    engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
+    variants = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
+                "seeded_no_logprobs": (True, False)}
+    for name, (seeded, logprobs) in variants.items():
+        rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
+        figures.put(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
+                                          "fraction_of_roofline": statistics.median(rates) / roofline})
+    figures.put("profile", kernel_profile(engine, prompts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,7 +55,9 @@ class WeightSender:
             self.buffers = BucketBuffers(largest_bucket_bytes(module, self.bucket_bytes), device)
         pending, sent = None, 0
         for bucket in iter_buckets(module, self.bucket_bytes, is_zero3, self.buffers):
-            torch.cuda.synchronize()  # the packed bytes are in memory before another process reads them
+            # the packed bytes are in memory before another process reads them; this stream only: DeepSpeed's
+            # sleep may still be copying the optimizer states to the host on its own
+            torch.cuda.current_stream().synchronize()
             shared = share_bucket(bucket)
             if pending is not None:
                 sent += ray.get(pending, timeout=self.timeout_s)

@@ -58,6 +58,7 @@ def test_openrlhf_command_read_by_our_mirror_of_its_flags_is_our_run():
         "data.prompt_dataset": (str(REPO_ROOT / "data" / "demo_prompts.jsonl"), "data/demo_prompts.jsonl"),
         "train.max_steps": (None, 3), "data.max_samples": (96, 100_000_000),  # 96 prompts = 3 rollouts of 32
         "ckpt.path": ("/tmp/w/ckpt", "./ckpt/checkpoints_ppo_ray"), "ckpt.output_dir": ("/tmp/w/model", "./ckpt"),
+        "vllm.sleep_level": (1, 2),  # ours drops the weights every sync re-sends (as TRL's); OpenRLHF has no such flag
     }
 
 

@@ -25,6 +25,26 @@ def two_steps(trainer, sleep_between: bool) -> float:
     return float(loss)
 
 
+def trained_once(make_trainer, seed: int):
+    """A fresh trainer after one optimizer step on a fixed sequence (Adam's moments exist now), and the sequence."""
+    trainer = make_trainer(lr=1e-4)
+    prompt, response = fixed_sequence(16, seed), fixed_sequence(128, seed + 1)
+    trainer.wake_up()
+    trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+    return trainer, prompt, response
+
+
+def loss_after_next_step(trainer, prompt, response) -> float:
+    """Wake the trainer (a no-op when awake), run one optimizer step on the sequence, then its loss."""
+    import torch
+
+    trainer.wake_up()
+    trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+    with torch.no_grad():
+        loss, _ = sft_loss(prompt, response)(trainer.engine)
+    return float(loss)
+
+
 def test_sleep_round_trip_leaves_the_next_step_unchanged(make_trainer):
     plain = two_steps(make_trainer(lr=1e-4), sleep_between=False)
     slept = two_steps(make_trainer(lr=1e-4), sleep_between=True)
@@ -58,19 +78,13 @@ def test_a_wake_started_ahead_gives_the_same_next_step(make_trainer, cuda):
     torch = cuda
 
     def after_round_trip(ahead: bool) -> tuple[int, float]:
-        trainer = make_trainer(lr=1e-4)
-        prompt, response = fixed_sequence(16, 400), fixed_sequence(128, 401)
-        trainer.wake_up()
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        trainer, prompt, response = trained_once(make_trainer, seed=400)
         trainer.sleep()
         if ahead:
             trainer.wake_up_soon()
             torch.cuda.synchronize()
         moved = trainer.wake_up()
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
-        with torch.no_grad():
-            loss, _ = sft_loss(prompt, response)(trainer.engine)
-        return moved, float(loss)
+        return moved, loss_after_next_step(trainer, prompt, response)
 
     assert after_round_trip(ahead=True) == after_round_trip(ahead=False)
 
@@ -82,10 +96,7 @@ def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_st
     torch = cuda
 
     def after_round_trip(deferred: bool) -> tuple[int, float]:
-        trainer = make_trainer(lr=1e-4)
-        prompt, response = fixed_sequence(16, 500), fixed_sequence(128, 501)
-        trainer.wake_up()
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        trainer, prompt, response = trained_once(make_trainer, seed=500)
         torch.cuda.synchronize()
         if not deferred:
             moved = trainer.sleep()
@@ -102,11 +113,7 @@ def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_st
             freed = torch.cuda.mem_get_info()[0] - free_copying
             assert freed >= 0.9 * moved, (freed / 2**30, moved / 2**30)  # freed at the finish, not before
             assert trainer.finish_sleep() == 0.0  # nothing left under way
-        trainer.wake_up()
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
-        with torch.no_grad():
-            loss, _ = sft_loss(prompt, response)(trainer.engine)
-        return moved, float(loss)
+        return moved, loss_after_next_step(trainer, prompt, response)
 
     assert after_round_trip(deferred=True) == after_round_trip(deferred=False)
 
@@ -114,13 +121,8 @@ def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_st
 def test_a_wake_while_the_sleep_copies_finishes_it_first(make_trainer, cuda):
     """A wake (or a second sleep) that comes while `sleep_soon`'s copy runs waits for it: the states end on the GPU
     and the step after is the plain round trip's."""
-    torch = cuda
-
     def after(wake_early: bool) -> float:
-        trainer = make_trainer(lr=1e-4)
-        prompt, response = fixed_sequence(16, 600), fixed_sequence(128, 601)
-        trainer.wake_up()
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
+        trainer, prompt, response = trained_once(make_trainer, seed=600)
         if wake_early:
             trainer.sleep_soon()
             trainer.wake_up_soon()  # finishes the copy, then starts the copy back
@@ -128,9 +130,6 @@ def test_a_wake_while_the_sleep_copies_finishes_it_first(make_trainer, cuda):
             trainer.sleep()
         trainer.wake_up()
         assert not trainer.state_mover.is_copying and not trainer.state_mover.asleep
-        trainer.train_micro_batch(sft_loss(prompt, response), is_boundary=True)
-        with torch.no_grad():
-            loss, _ = sft_loss(prompt, response)(trainer.engine)
-        return float(loss)
+        return loss_after_next_step(trainer, prompt, response)
 
     assert after(wake_early=True) == after(wake_early=False)

@@ -7,6 +7,9 @@ and the top kernels say which.
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
+With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process: the rates compare the two layouts,
+but the profiler, in this process, then sees none of the engine's kernels.
+
 Writes JSON after every figure (a cut-off run keeps what it measured). Knows nothing about Ray, Prefect or the store.
 """
 from __future__ import annotations

@@ -271,10 +271,9 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
 
     Phases: rollout (vLLM generates), with a reward model reward (its forwards), experience (no-grad logprob
     forwards), train (the actor's update, and the weight sync after it: `sync_excess`) and, with a critic, critic
-    train. vLLM reserves
-    `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache and activations. The reference model
-    keeps its weights (with `ref.offload` in the experience phase only); its logprob forward counts in the
-    experience phase; the reward model's in the reward phase.
+    train. vLLM reserves `vllm.gpu_memory_utilization` of the whole GPU for its weights, KV cache and activations.
+    The reference model keeps its weights (with `ref.offload` in the experience phase only); its logprob forward
+    counts in the experience phase; the reward model's in the reward phase.
 
     Args:
         roles: the roles placed on the actor's GPUs ("actor", "ref", "critic", "reward", "rollout"); default

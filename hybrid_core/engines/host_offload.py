@@ -2,7 +2,8 @@
 
 Owns one page-locked host buffer per train engine, allocated once when the worker starts (in a background thread,
 overlapped with model loading), and the moves: sleep copies every state into that buffer (on a side stream, so the
-caller's next GPU work can run beside the copy) and frees the GPU copies once it is done; wake allocates one GPU block, copies the whole buffer back in one transfer and points the states at views of it.
+caller's next GPU work can run beside the copy) and frees the GPU copies once it is done; wake allocates one GPU
+block, copies the whole buffer back in one transfer and points the states at views of it.
 DeepSpeed's own `offload_states` allocates pinned memory on its first call (17–23 s for 20 GB on an H200) and per
 tensor afterwards, and under ZeRO-3 it refuses a torch optimizer (it moves only its FusedAdam's states); this avoids
 all three. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.

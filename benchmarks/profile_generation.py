@@ -10,12 +10,12 @@ and the top kernels say which.
 With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process: the rates compare the two layouts,
 but the profiler, in this process, then sees none of the engine's kernels.
 
-Writes JSON after every figure (a cut-off run keeps what it measured). Knows nothing about Ray, Prefect or the store.
+Writes run_all's results file after every figure (a cut-off run keeps what it measured). Knows nothing about Ray,
+Prefect or the store.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,30 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import timed  # noqa: E402
 from bench_vllm import _ids, _roofline  # noqa: E402
+from run_all import Results, device_copy_gbps  # noqa: E402
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, PROFILED_TOKENS = 32, 8, 100, 1024, 256
 TOP_KERNELS = 15
-
-
-class Figures:
-    def __init__(self, path: Path, meta: dict):
-        self.path, self.data = path, {"meta": meta, "figures": {}}
-
-    def put(self, name: str, value) -> None:
-        self.data["figures"][name] = value
-        print(f"[profile] {name} = {json.dumps(value, default=str)[:400]}", flush=True)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.data, indent=1, default=str))
-
-
-def copy_gbps() -> float:
-    """Device copy bandwidth, read + written bytes (the roofline's rate, as `run_all.anchors` measures it)."""
-    import torch
-
-    src = torch.empty(2**30, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    seconds = [timed(lambda: dst.copy_(src))[0] for _ in range(10)]
-    return 2 * src.numel() * 2 / sorted(seconds)[len(seconds) // 2] / 1e9
 
 
 def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: bool) -> float:
@@ -99,24 +79,24 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 
-    figures = Figures(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
+    results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
                                  "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]})
-    gbps = copy_gbps()
+    gbps = device_copy_gbps()
     roofline, terms = _roofline(args.model, gbps, PROMPTS * SAMPLES, mean_context=PROMPT_TOKENS + NEW_TOKENS / 2)
-    figures.put("roofline_tok_s", {"tok_s": roofline, "terms": terms})
+    results.figure("roofline_tok_s", {"tok_s": roofline, "terms": terms})
     start = time.perf_counter()
     engine = VllmRolloutEngine(EngineSettings(model_path=str(args.model), seed=0, max_model_len=1152,
                                               gpu_memory_utilization=args.gpu_memory_utilization))
-    figures.put("engine_start_s", time.perf_counter() - start)
+    results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
     variants = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
                 "seeded_no_logprobs": (True, False)}
     for name, (seeded, logprobs) in variants.items():
         rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
-        figures.put(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
-                                          "fraction_of_roofline": statistics.median(rates) / roofline})
-    figures.put("profile", kernel_profile(engine, prompts))
+        results.figure(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
+                                             "fraction_of_roofline": statistics.median(rates) / roofline})
+    results.figure("profile", kernel_profile(engine, prompts))
     return 0
 
 

@@ -86,15 +86,21 @@ def versions() -> dict:
     return found
 
 
-def anchors(results: Results) -> dict:
-    """The two ceilings measured here: device copy bandwidth (bytes read + written) and bf16 matmul rate."""
+def device_copy_gbps() -> float:
+    """Device copy bandwidth, bytes read + written: one 2 GiB bf16 device-to-device copy, median of 20."""
     import torch
 
     src = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
     dst = torch.empty_like(src)
     copy_s = _median_cuda_seconds(lambda: dst.copy_(src), repeats=20)
-    copy_gbps = 2 * src.numel() * 2 / copy_s / 1e9
-    del src, dst
+    return 2 * src.numel() * 2 / copy_s / 1e9
+
+
+def anchors(results: Results) -> dict:
+    """The two ceilings measured here: device copy bandwidth (bytes read + written) and bf16 matmul rate."""
+    import torch
+
+    copy_gbps = device_copy_gbps()
     n = 8192
     a, b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16), torch.randn(n, n, device="cuda",
                                                                                dtype=torch.bfloat16)

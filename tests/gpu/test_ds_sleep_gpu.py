@@ -108,7 +108,7 @@ def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_st
             torch.cuda.synchronize()
             free_copying = torch.cuda.mem_get_info()[0]
             assert trainer.state_mover.is_copying and not trainer.state_mover.asleep
-            assert trainer.finish_sleep() >= 0.0
+            trainer.finish_sleep()
             moved = trainer.state_mover.last_bytes
             freed = torch.cuda.mem_get_info()[0] - free_copying
             assert freed >= 0.9 * moved, (freed / 2**30, moved / 2**30)  # freed at the finish, not before

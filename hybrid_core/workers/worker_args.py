@@ -16,7 +16,7 @@ from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
-from hybrid_core.plan import engine_core_apart, engine_layout, make_placement, sync_transport
+from hybrid_core.plan import engine_layout, make_placement, sync_transport
 from hybrid_core.rewards.sources import RewardSourceSpec
 from hybrid_core.types import RunRef
 from hybrid_core.workers.actor import ActorWorkerArgs
@@ -115,8 +115,7 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
                           enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
-                          max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
-                          engine_core_process=engine_core_apart(cfg))
+                          max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs)
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:

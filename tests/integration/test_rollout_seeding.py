@@ -5,8 +5,6 @@ them) generate the samples of one worker, and engines taking contiguous shares o
 engine does with all of them; a weight update changes the TP engine's samples exactly as the one-worker engine's."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 import torch
@@ -21,29 +19,21 @@ PROMPTS = [Prompt(0, "abc", ""), Prompt(1, "hello", ""), Prompt(2, "xyz", "")]
 FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64)
 
 
-def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, engine_core_process: bool = False):
+def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
     """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
-    a CPU run, or with its core in a child process, as in a GPU run; its TP workers, if any, are child processes of
-    that actor)."""
+    a run; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
 
     @ray_session.remote(num_cpus=0)
     class SeedingEngine:
-        def __init__(self, model_path: str, tensor_parallel_size: int, engine_core_process: bool):
+        def __init__(self, model_path: str, tensor_parallel_size: int):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
             # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
+
             self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
                                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
-                                                           max_model_len=64, tensor_parallel_size=tensor_parallel_size,
-                                                           engine_core_process=engine_core_process))
-
-        def processes(self) -> dict:
-            """vLLM's client of the engine core, and the processes this actor started."""
-            import psutil
-
-            return {"client": type(self.engine.llm.llm_engine.engine_core).__name__,
-                    "children": [child.pid for child in psutil.Process().children(recursive=True)]}
+                                                           max_model_len=64, tensor_parallel_size=tensor_parallel_size))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
@@ -57,7 +47,7 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, engine
             self.engine.finish_weight_update()
 
     env = {"env_vars": role_env("rollout", on_cpu=True)}
-    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, engine_core_process)
+    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size)
 
 
 @pytest.fixture(scope="module")
@@ -134,36 +124,6 @@ def test_tp_workers_and_shared_out_engines_generate_one_engines_samples(engine, 
     assert_same_samples(generated(tp_engine, PROMPTS), one)
     # two engines of different shapes taking contiguous shares, as a run's engines do (rank_group.share_bounds)
     assert_same_samples(generated(engine, PROMPTS[:2]) | generated(tp_engine, PROMPTS[2:]), one)
-
-
-def test_an_engine_core_in_its_own_process_generates_the_same_samples_and_ends_with_its_actor(
-        engine, tiny_model, ray_session):
-    apart = engine_actor(ray_session, str(tiny_model), 1, engine_core_process=True)
-    got, want = generated(apart, PROMPTS), generated(engine, PROMPTS)
-    assert {k: r["response_ids"] for k, r in got.items()} == {k: r["response_ids"] for k, r in want.items()}
-    assert {k: r["rollout_logprobs"] for k, r in got.items()} == {k: r["rollout_logprobs"] for k, r in want.items()}
-    processes = ray.get(apart.processes.remote(), timeout=60)
-    assert processes["client"] == "SyncMPClient" and processes["children"]  # the core runs in a child
-    assert ray.get(engine.processes.remote(), timeout=60)["client"] == "InprocClient"
-    ray_session.kill(apart)  # as a run ends or replaces its rollout workers: the core must not outlive the actor
-    deadline = time.monotonic() + 30
-    while (alive := running(processes["children"])) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not alive
-
-
-def running(pids: list[int]) -> list[int]:
-    """The processes of `pids` that still run (an exited child its parent did not reap yet is a zombie)."""
-    import psutil
-
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, tiny_model):

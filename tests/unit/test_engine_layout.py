@@ -1,9 +1,7 @@
 """engine_layout: where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
 configuration (plan.engine_layout), what `hybrid plan` shows of it, what a GPU engine's process is told (placement)
 where a GPU engine and its workers sit on several nodes (placement.seat), and how vLLM runs the workers
-(vllm_rollout.executor_backend), and where vLLM is told the engine core runs (vllm_rollout.place_engine_core)."""
-import os
-
+(vllm_rollout.executor_backend)."""
 import pytest
 
 from hybrid_core.engine_layout import EngineLayout, engine_lines
@@ -60,8 +58,7 @@ def test_the_run_layout_follows_the_rollout_bundles():
 
 def test_plan_shows_each_engines_bundles_and_feeders():
     lines = render_plan(colocated(4, 2, 2)).splitlines()
-    start = lines.index("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.95, "
-                        "engine core in the rollout worker's process")
+    start = lines.index("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.95")
     assert lines[start + 1:start + 3] == [
         "    engine 0: TP workers on bundles 0-1, weights by CUDA IPC from actor ranks 0-1 (one per GPU)",
         "    engine 1: TP workers on bundles 2-3, weights by CUDA IPC from actor ranks 2-3 (one per GPU)"]
@@ -128,23 +125,3 @@ def test_on_two_nodes_an_engine_and_its_tp_workers_sit_in_their_nodes_placement_
 def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():
     assert [executor_backend("cuda", 1), executor_backend("cuda", 2), executor_backend("cpu", 2)] == [
         None, "ray", "mp"]
-
-
-def test_vllm_is_told_where_the_engine_core_runs_and_a_core_it_cannot_move_is_refused(monkeypatch):
-    import vllm.envs as envs
-
-    from hybrid_core.engines.vllm_rollout import place_engine_core
-
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the rollout worker's environment
-    if envs.VLLM_ENABLE_V1_MULTIPROCESSING is not False:
-        pytest.fail("vLLM's environment cache is on in this process: an engine core ran here")
-    place_engine_core(True)
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" and envs.VLLM_ENABLE_V1_MULTIPROCESSING is True
-    place_engine_core(False)
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    # once an engine core ran in a process, vLLM answers what it read then (its cache); moving the next one fails
-    monkeypatch.setattr(envs, "VLLM_ENABLE_V1_MULTIPROCESSING", False, raising=False)
-    with pytest.raises(RuntimeError, match="cannot put this engine's core in a process of its own: an engine core "
-                                           "already ran in this process"):
-        place_engine_core(True)
-    place_engine_core(False)

@@ -4,9 +4,8 @@ import pytest
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
 from hybrid_core.node_layout import NodeBlock
-from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, engine_core_apart, make_placement,
-                              not_implemented, preflight_problems, render_plan, role_bundles, run_node_blocks,
-                              sync_transport)
+from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
+                              preflight_problems, render_plan, role_bundles, run_node_blocks, sync_transport)
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
 from tests.conftest import REPO_ROOT
@@ -56,8 +55,7 @@ def test_seed_plan_text():
     assert lines[0] == "device: cuda; needs 4 GPUs (4 bundles) on 1 node(s) of 4"
     assert lines[2] == ("  group 1: 4 bundles of 1 GPU on 1 node(s); roles and GPU share per bundle: "
                         "actor 0.2, ref 0.2, rollout 0.2")
-    assert lines[3] == ("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7, "
-                        "engine core in the rollout worker's process")  # TP workers are Ray actors of its group
+    assert lines[3] == ("rollout: 2 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7")
     assert lines[4:6] == [
         "    engine 0: TP workers on bundles 0-1, weights by CUDA IPC from actor ranks 0-1 (one per GPU)",
         "    engine 1: TP workers on bundles 2-3, weights by CUDA IPC from actor ranks 2-3 (one per GPU)"]
@@ -193,8 +191,7 @@ def test_the_seed_recipe_on_eight_gpus_fits_with_four_tp_engines_and_four_rings(
                      "--vllm.num_engines", "4"])
     lines = render_plan(cfg, 139.8, is_gpu_assumed=True).splitlines()
     assert lines[0] == "device: cuda; needs 8 GPUs (8 bundles) on 1 node(s) of 8"
-    assert lines[3] == ("rollout: 4 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7, "
-                        "engine core in the rollout worker's process")
+    assert lines[3] == "rollout: 4 vLLM engines × TP 2, shares the actor's GPUs, gpu_memory_utilization 0.7"
     assert lines[7] == "    engine 3: TP workers on bundles 6-7, weights by CUDA IPC from actor ranks 6-7 (one per GPU)"
     assert "  actor: ring groups [0, 1] [2, 3] [4, 5] [6, 7] (4 data-parallel group(s))" in lines
     assert "not implemented yet: none" in lines
@@ -261,27 +258,6 @@ def test_separate_groups_get_bundles_of_their_own_and_a_process_group_sync():
     assert role_bundles(gloo) == (3, {"actor": (0, 0.333), "ref": (1, 0.333), "rollout": (2, 0.333)})
     assert sync_transport(gloo) == "process_group:gloo"
     assert not [p for p in preflight_problems(gloo, 0) if "separate" in p]
-
-
-def test_the_engine_core_runs_apart_only_where_cuda_ipc_buckets_reach_its_one_worker():
-    from hybrid_core.workers.worker_args import engine_settings
-
-    colocated = parse_cli([*ONE_GPU, "--train.colocate_all", "--train.device", "cuda", "--vllm.num_engines", "1",
-                           "--algo.kl.init_coef", "0.01"])
-    assert engine_core_apart(colocated) and engine_settings(colocated).engine_core_process
-    assert "engine core in a process of its own" in render_plan(colocated).splitlines()[3]
-    off = parse_cli([*ONE_GPU, "--train.colocate_all", "--train.device", "cuda", "--vllm.num_engines", "1",
-                     "--algo.kl.init_coef", "0.01", "--vllm.no_engine_core_process"])
-    assert not engine_core_apart(off) and not engine_settings(off).engine_core_process
-    assert not engine_core_apart(on_device(colocated, "cpu"))  # the CPU build reloads tensors of the worker's process
-    distributed = parse_cli([*ONE_GPU, "--train.device", "cuda", "--vllm.num_engines", "1",
-                             "--algo.kl.init_coef", "0.01", "--train.colocate_actor_ref"])
-    assert not engine_core_apart(distributed)  # a broadcast lands in the worker's process
-    tp = parse_cli([*ONE_GPU, "--train.colocate_all", "--train.device", "cuda", "--vllm.num_engines", "1",
-                    "--algo.kl.init_coef", "0.01", "--vllm.tensor_parallel_size", "2", "--actor.num_gpus_per_node",
-                    "2", "--ref.num_gpus_per_node", "2"])
-    assert sync_transport(tp) == "cuda_ipc" and not engine_core_apart(tp)  # TP workers: Ray actors of its group
-    assert "engine core in the rollout worker's process" in render_plan(tp)
 
 
 # actor and reference ranks on 2 nodes × 2 GPUs

@@ -29,6 +29,9 @@ from run_all import Results, device_copy_gbps  # noqa: E402
 
 PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS, PROFILED_TOKENS = 32, 8, 100, 1024, 256
 TOP_KERNELS = 15
+# name → (per-prompt seeds, the sampled token's logprob): the rollout's own call, and each cost taken away
+VARIANTS = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
+            "seeded_no_logprobs": (True, False)}
 
 
 def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: bool) -> float:
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)  # the iteration config's
+    parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
@@ -90,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
-    variants = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, True),
-                "seeded_no_logprobs": (True, False)}
-    for name, (seeded, logprobs) in variants.items():
+    for name in args.variants:
+        seeded, logprobs = VARIANTS[name]
         rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
         results.figure(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
                                              "fraction_of_roofline": statistics.median(rates) / roofline})

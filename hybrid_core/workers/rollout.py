@@ -102,7 +102,8 @@ class RolloutWorker:
         sleep_start = time.perf_counter()
         if self.args.engine.enable_sleep:
             self.engine.sleep()
-        metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/vllm_sleep": time.perf_counter() - sleep_start,
+        metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/generate": sleep_start - start - wake_s,
+                    "timing_s/vllm_sleep": time.perf_counter() - sleep_start,
                     "tokens": float(response_token_count(table))}
         entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics)
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=table.num_rows,

@@ -8,7 +8,10 @@ and the top kernels say which.
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
 With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process: the rates compare the two layouts,
-but the profiler, in this process, then sees none of the engine's kernels.
+but the profiler, in this process, then sees none of the engine's kernels. With --sleep-level the engine is built
+as a run builds it (sleep mode: its weights and KV cache in vLLM's own virtual-memory pool), measured, put to sleep
+at that level and woken (level 2: its weights loaded again from the checkpoint, as a sync does) and measured
+again: the figures ending `_after_sleep`.
 
 Writes run_all's results file after every figure (a cut-off run keeps what it measured). Knows nothing about Ray,
 Prefect or the store.
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)  # the iteration config's
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
+    parser.add_argument("--sleep-level", type=int, choices=(1, 2), help="sleep mode on; measure again after a sleep")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
@@ -90,17 +94,40 @@ def main(argv: list[str] | None = None) -> int:
     results.figure("roofline_tok_s", {"tok_s": roofline, "terms": terms})
     start = time.perf_counter()
     engine = VllmRolloutEngine(EngineSettings(model_path=str(args.model), seed=0, max_model_len=1152,
-                                              gpu_memory_utilization=args.gpu_memory_utilization))
+                                              gpu_memory_utilization=args.gpu_memory_utilization,
+                                              enable_sleep=args.sleep_level is not None,
+                                              sleep_level=args.sleep_level or 1))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
+    measure_variants(engine, prompts, args, roofline, results, suffix="")
+    if args.sleep_level is not None:
+        results.figure("sleep_cycle_s", timed(lambda: sleep_and_wake(engine, args.model))[0])
+        measure_variants(engine, prompts, args, roofline, results, suffix="_after_sleep")
+    results.figure("profile", kernel_profile(engine, prompts))
+    return 0
+
+
+def measure_variants(engine, prompts, args, roofline: float, results, suffix: str) -> None:
     for name in args.variants:
         seeded, logprobs = VARIANTS[name]
         rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
-        results.figure(f"gen_tok_s_{name}", {"median": statistics.median(rates), "trials": rates,
-                                             "fraction_of_roofline": statistics.median(rates) / roofline})
-    results.figure("profile", kernel_profile(engine, prompts))
-    return 0
+        results.figure(f"gen_tok_s_{name}{suffix}", {"median": statistics.median(rates), "trials": rates,
+                                                     "fraction_of_roofline": statistics.median(rates) / roofline})
+
+
+def sleep_and_wake(engine, model_dir: Path) -> None:
+    """A rollout's sleep and the next step's wake: weights first (level 2: loaded again, as a sync loads them),
+    then the KV cache."""
+    from safetensors.torch import load_file
+
+    engine.sleep()
+    engine.wake_up(["weights"])
+    if engine.weights_discarded:
+        for shard in sorted(model_dir.glob("*.safetensors")):
+            engine.load_weights(list(load_file(str(shard), device="cuda").items()))
+        engine.finish_weight_update()
+    engine.wake_up(["kv_cache"])
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def tp_config(standin, root, num_engines: int, tp: int):
     return path
 
 
-# 1 × TP 1: one GPU, the engine's one worker in its own process; DeepSpeed's deferred sleep copies beside the sync
+# 1 × TP 1: one GPU, the engine in the rollout worker's process; DeepSpeed's deferred sleep copies beside the sync
 @pytest.mark.parametrize(("num_engines", "tp"), [(1, 1), (1, 2), (2, 2)],
                          ids=["1-engine-tp1", "1-engine-tp2", "2-engines-tp2"])
 def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda, tmp_path, num_engines, tp):

@@ -2,9 +2,9 @@
 
 Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*.json (issue #7: training and the
 whole iteration); a figure comes from the newest file that has it, by file name. The peer table (issue 17) reads one
-session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name, so the
-three systems it sets side by side ran on the same machine, back to back. Checks each target and prints Markdown
-tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
+session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name in which
+a peer ran, so the systems it sets side by side ran on the same machine, back to back. Checks each target and
+prints Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
 Usage: python benchmarks/perf_table.py [--write]
 """
 from __future__ import annotations
@@ -140,7 +140,8 @@ def render_train(figures: dict) -> str:
 
 
 def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tuple[dict, str]]]:
-    """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files."""
+    """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files. A
+    session counts once a peer ran in it: one of `hybrid train` alone compares with nothing."""
     sessions: dict[str, dict] = {}
     for path in sorted(results_dir.glob("h200-peers-*.json")):
         found = PEER_FILE.fullmatch(path.name)
@@ -148,6 +149,7 @@ def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tup
             data = json.loads(path.read_text())
             source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
             sessions.setdefault(found["tag"], {})[found["system"]] = (data["figures"], source)
+    sessions = {tag: runs for tag, runs in sessions.items() if set(runs) - {"hybrid"}}
     if not sessions:
         return None, {}
     tag = max(sessions)

@@ -74,7 +74,8 @@ def test_peer_table_reads_the_newest_session_and_says_what_is_missing(tmp_path):
     for name, run in (("h200-peers-2026-12-01-hybrid.json", HYBRID), ("h200-peers-2026-12-01-trl.json", TRL),
                       ("h200-peers-2026-12-05-hybrid.json", _peer_run(20.0, {}, "def5678")),
                       ("h200-peers-2026-12-05-openrlhf.json", {**OPENRLHF, "figures": {}}),  # cut off in step 1
-                      ("h200-hybrid-2026-12-05.json", HYBRID)):
+                      ("h200-hybrid-2026-12-05.json", HYBRID),
+                      ("h200-peers-2026-12-06-hybrid.json", HYBRID)):  # no peer ran that session: not compared
         (tmp_path / name).write_text(json.dumps(run))
     tag, runs = perf_table["peer_session"](tmp_path)
     assert tag == "2026-12-05" and sorted(runs) == ["hybrid", "openrlhf"]

@@ -186,3 +186,6 @@ def test_metrics_rows_carry_each_stages_dispatch_and_gc_seconds(reference_run):
         for stage in ("rollout", "reward", "advantage", "train", "sync"):
             assert 0.0 <= row[f"timing_s/dispatch_{stage}"] < 1.0, (step, stage)
             assert 0.0 <= row[f"timing_s/gc_{stage}"] < 1.0, (step, stage)
+        # the rollout's parts: the engine's wake, its generation and its sleep, within the stage's seconds
+        parts = [row[f"timing_s/{part}"] for part in ("vllm_wake", "generate", "vllm_sleep")]
+        assert parts[1] > 0.0 and sum(parts) <= row["timing_s/rollout"], (step, parts)

@@ -38,21 +38,14 @@ VARIANTS = {"seeded_logprobs": (True, True), "engine_seeded_logprobs": (False, T
 
 
 def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: bool) -> float:
-    """Tokens per second of one generate of the whole batch (the adapter's own call when logprobs are on)."""
-    from vllm import SamplingParams
-
+    """Tokens per second of one generate of the whole batch through the rollout worker's own call."""
     from hybrid_core.engines.vllm_rollout import SamplingSettings
 
     seeds = list(range(len(prompts))) if seeded else None
-    if logprobs:
-        sampling = SamplingSettings(n=SAMPLES, max_new_tokens=new_tokens, ignore_eos=True, seed_per_prompt=seeded)
-        seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds))
-        return sum(len(c.token_ids) for samples in out for c in samples) / seconds
-    params = [SamplingParams(n=SAMPLES, max_tokens=new_tokens, temperature=1.0, seed=s, detokenize=False,
-                             ignore_eos=True) for s in seeds or [None] * len(prompts)]
-    rows = [{"prompt_token_ids": p} for p in prompts]
-    seconds, out = timed(lambda: engine.llm.generate(rows, params, use_tqdm=False))
-    return sum(len(c.token_ids) for o in out for c in o.outputs) / seconds
+    sampling = SamplingSettings(n=SAMPLES, max_new_tokens=new_tokens, ignore_eos=True, seed_per_prompt=seeded,
+                                logprobs=logprobs)
+    seconds, out = timed(lambda: engine.generate(prompts, sampling, seeds))
+    return sum(len(c.token_ids) for samples in out for c in samples) / seconds
 
 
 def kernel_profile(engine, prompts) -> dict:

@@ -170,7 +170,7 @@ class AlgoConfig(ConfigBlock):
 class RolloutConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"batch_size", "n_samples_per_prompt", "micro_batch_size", "max_new_tokens", "max_tokens_per_gpu",
-        "temperature", "top_p", "seed_per_prompt"})
+        "temperature", "top_p", "seed_per_prompt", "logprobs"})
     batch_size: int = Field(1024, gt=0, description="prompts per step")
     n_samples_per_prompt: int = Field(1, gt=0, description="samples per prompt")
     micro_batch_size: int = Field(1, gt=0, description="experience forward micro-batch")
@@ -183,6 +183,10 @@ class RolloutConfig(ConfigBlock):
     seed_per_prompt: bool = Field(True, description="PROJECT: sampling seeded per (run seed, step, prompt), so a "
                                   "retried or resumed rollout regenerates the same samples on any engine; false: "
                                   "the engine's own seeded generator, as OpenRLHF does (both 24.8-24.9k tok/s)")
+    logprobs: bool = Field(True, description="PROJECT: the engine returns each sampled token's logprob (the "
+                           "rollout and eval datasets' rollout_logprobs, which importance-sampling correction reads); "
+                           "false: none (null), as OpenRLHF asks none without correction: on the H200 the 1.7B "
+                           "rollout shape generated 14-20% faster without them")
 
 
 class TrainConfig(ConfigBlock):

@@ -17,7 +17,15 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
-            *_eval_problems(cfg), *_data_problems(cfg)]
+            *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg)]
+
+
+def _correction_problems(cfg: RunConfig) -> list[str]:
+    """Importance-sampling correction weighs the update by the engine's own logprobs of its samples."""
+    if cfg.algo.advantage.is_correction_enable and not cfg.rollout.logprobs:
+        return ["algo.advantage.is_correction_enable needs the engine's logprobs: got rollout.logprobs=False; drop "
+                "--rollout.no_logprobs or --algo.advantage.is_correction_enable"]
+    return []
 
 
 def _secret_problems(cfg: RunConfig) -> list[str]:

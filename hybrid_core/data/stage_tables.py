@@ -17,7 +17,8 @@ ints = pa.list_(pa.int32())
 floats = pa.list_(pa.float32())
 ROLLOUT_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("prompt_ids", ints), ("response_ids", ints),
-    ("prompt_text", pa.string()), ("response_text", pa.string()), ("rollout_logprobs", floats),
+    ("prompt_text", pa.string()), ("response_text", pa.string()),
+    ("rollout_logprobs", floats),  # null where the engine was asked for none (rollout.logprobs false)
     ("finish_reason", pa.string()), ("label", pa.string()), ("policy_version", pa.int64()),
     ("data_source", pa.string()),  # the prompt's dataset, as named in data.prompt_dataset
 ])

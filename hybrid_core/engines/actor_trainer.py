@@ -73,7 +73,8 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
     """Run the step's policy updates; returns per-optimizer-step losses and token-weighted stat means. Without old
     logprobs (an exactly on-policy update) it also returns the step's KL figures (`kl_figures`) from its own forward."""
     if correction is not None and samples.rollout_logprobs is None:
-        raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples")
+        raise ValueError("IS correction needs the rollout engine's logprobs: got none in the samples (generated with "
+                         "--rollout.no_logprobs); drop it or --algo.advantage.is_correction_enable")
     is_on_policy = samples.old_logprobs is None
     if is_on_policy and (plan.max_epochs != 1 or len(samples) > plan.batch_size):
         raise ValueError(f"old logprobs may come from the update's own forward only for one optimizer step over one "

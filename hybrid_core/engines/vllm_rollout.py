@@ -33,12 +33,13 @@ class SamplingSettings:
     top_p: float = 1.0
     ignore_eos: bool = False  # benchmarks: every sample runs to max_new_tokens
     seed_per_prompt: bool = True  # False: the engine's generator draws the noise (no per-request seeds)
+    logprobs: bool = True  # False: no sampled token's logprob (Completion.logprobs is None); the same tokens
 
 
 @dataclass(frozen=True)
 class Completion:
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None  # None: not asked for (SamplingSettings.logprobs)
     finish_reason: str  # "stop" | "length"
     text: str
 
@@ -168,7 +169,8 @@ class VllmRolloutEngine:
         self._check_generation_ready()
         # Text is decoded once at the end (batch_decode) rather than incrementally by vLLM at every decode step.
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
-                                 top_p=sampling.top_p, logprobs=0, seed=s, detokenize=False, flat_logprobs=True,
+                                 top_p=sampling.top_p, logprobs=0 if sampling.logprobs else None, seed=s,
+                                 detokenize=False, flat_logprobs=True,
                                  ignore_eos=sampling.ignore_eos) for s in seeds or [None] * len(prompt_ids)]
         # long stages show vLLM's progress bar (samples done / total, tokens per second) in the terminal
         show_progress = len(prompt_ids) * sampling.n >= PROGRESS_MIN_SAMPLES
@@ -186,7 +188,7 @@ class VllmRolloutEngine:
 
     @staticmethod
     def _completion(c, text: str) -> Completion:
-        logprobs = first_logprobs(c.logprobs, start=0)
+        logprobs = first_logprobs(c.logprobs, start=0) if c.logprobs is not None else None
         reason = "length" if c.finish_reason == "length" else "stop"
         return Completion(list(c.token_ids), logprobs, reason, text)
 

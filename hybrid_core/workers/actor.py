@@ -214,10 +214,12 @@ class ActorWorker:
         ro, adv = self.store.read(step, ROLLOUT.name), self.store.read(step, ADVANTAGE.name)
         column = lambda table, name: table.column(name).to_pylist()  # noqa: E731
         old_from_update = OLD_FROM_UPDATE in experience_figures(self.ledger.entry(step, ADVANTAGE.name))
+        engine_logprobs = ro.column("rollout_logprobs")  # null: the engine was asked for none
         return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"),
                             None if old_from_update else column(adv, "old_logprobs"),
                             column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
-                            column(adv, "advantages"), column(ro, "rollout_logprobs"))
+                            column(adv, "advantages"),
+                            None if engine_logprobs.null_count else engine_logprobs.to_pylist())
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train

@@ -68,8 +68,10 @@ def tp_engine(tiny_model, ray_session):
     ray_session.kill(actor)
 
 
-def generated(engine, prompts, seed_per_prompt: bool = True, step: int = 1) -> dict[tuple[int, int], dict]:
-    sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed_per_prompt=seed_per_prompt)
+def generated(engine, prompts, seed_per_prompt: bool = True, step: int = 1,
+              logprobs: bool = True) -> dict[tuple[int, int], dict]:
+    sampling = SamplingSettings(n=2, max_new_tokens=12, temperature=1.0, seed_per_prompt=seed_per_prompt,
+                                logprobs=logprobs)
     rows = ray.get(engine.generate.remote(prompts, sampling, step), timeout=300)
     return {(r["prompt_index"], r["sample_index"]): r for r in rows}
 
@@ -92,6 +94,15 @@ def test_without_per_prompt_seeds_the_engine_generator_moves_on(engine):
     second = responses(engine, PROMPTS, seed_per_prompt=False)
     assert len(first) == len(second) == 6 and all(len(ids) == 12 for ids in first.values())
     assert first != second  # 6 samples x 12 tokens over a 100-token vocabulary: a repeat is practically impossible
+
+
+def test_without_logprobs_the_engine_samples_the_same_tokens(engine):
+    """rollout.logprobs false: the engine is asked for no logprob, and its seeded samples stay what they were."""
+    with_logprobs, without = generated(engine, PROMPTS), generated(engine, PROMPTS, logprobs=False)
+    tokens = lambda rows: {key: row["response_ids"] for key, row in rows.items()}  # noqa: E731
+    assert tokens(without) == tokens(with_logprobs)
+    assert all(r["rollout_logprobs"] is None for r in without.values())
+    assert all(len(r["rollout_logprobs"]) == len(r["response_ids"]) == 12 for r in with_logprobs.values())
 
 
 def assert_same_samples(got: dict, want: dict) -> None:

@@ -91,6 +91,14 @@ def test_group_estimators_need_several_samples(estimator):
                               "rollout": {"n_samples_per_prompt": 2}})
 
 
+def test_importance_sampling_correction_needs_the_engines_logprobs():
+    problems = problems_of({"algo": {"advantage": {"is_correction_enable": True}}, "rollout": {"logprobs": False}})
+    assert problems == ["algo.advantage.is_correction_enable needs the engine's logprobs: got rollout.logprobs=False; "
+                        "drop --rollout.no_logprobs or --algo.advantage.is_correction_enable"]
+    RunConfig.model_validate({"rollout": {"logprobs": False}})  # nothing else reads them
+    RunConfig.model_validate({"algo": {"advantage": {"is_correction_enable": True}}})
+
+
 def test_dynamic_filtering_needs_remote_reward_and_groups():
     problems = problems_of({"algo": {"dynamic_filtering_enable": True}})
     assert len(problems) == 2
@@ -191,8 +199,8 @@ def test_derived_values():
 
 def test_leaf_paths_and_changed_fields():
     paths = leaf_paths()
-    # OpenRLHF 0.11's and PROJECT ones; the newest: reward.remote_batch_size, eval.at_start, ds.logit_chunk_tokens
-    assert len(paths) == 178
+    # OpenRLHF 0.11's and PROJECT ones; the newest: eval.at_start, ds.logit_chunk_tokens, rollout.logprobs
+    assert len(paths) == 179
     assert paths["ds.logit_chunk_tokens"].default == 4096
     assert "reward.remote_batch_size" in paths and paths["reward.remote_batch_size"].default == 32
     assert paths["actor.adam.lr"].default == 1e-6

@@ -11,7 +11,8 @@
 # /tmp/vparts), the peer wheels from .peerwheels (benchmarks/peers/fetch_wheels.sh; carry .peerwheels) into
 # PEER_SITE (default /tmp/peersite), the Qwen3-1.7B stand-in in MODEL_DIR (default /tmp/m17; ~25 s to build).
 # Environment: GIT_SHA (recorded), MODEL_DIR, PEER_TIMEOUT_S (default 530: each system is cut off there, keeping the
-# steps it finished). One system a device command (each takes 5–7 minutes; the device allows 10), back to back:
+# steps it finished), HYBRID_FLAGS (flags of `hybrid train` on top of the benchmark config, space-separated, e.g.
+# "--rollout.no_logprobs": give such a run a TAG of its own, so the default run's file stays). One system a device command (each takes 5–7 minutes; the device allows 10), back to back:
 #   payload part 0 (carry .vchunks0): mkdir -p /tmp/vparts && cp .vchunks0/* /tmp/vparts/ &&
 #                                     python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B /tmp/m17 --device cuda
 #   parts 1..N-1 (carry .vchunksK, the last also .peerwheels), as ../shared/gpu/README.md §2; the last one ends with
@@ -67,8 +68,10 @@ for SYSTEM in "$@"; do
     hybrid)  # run_all.py cuts `hybrid train` off at 540 s itself and keeps the steps it committed; a fresh work
       # dir, so an earlier run of the same id is not resumed
       WORK=$(mktemp -d /tmp/hybrid-bench.XXXXXX)
+      FLAGS=()
+      for FLAG in ${HYBRID_FLAGS:-}; do FLAGS+=("--iteration-flag=$FLAG"); done
       timeout -k 15 $((LIMIT_S + 45)) python3 benchmarks/run_all.py --model "$MODEL_DIR" --only iteration \
-        --work-dir "$WORK" --out "$STEM.json" --git-sha "$SHA" > "$STEM.log" 2>&1
+        --work-dir "$WORK" --out "$STEM.json" --git-sha "$SHA" "${FLAGS[@]}" > "$STEM.log" 2>&1
       CODE=$?
       cp "$WORK/iteration.log" "$STEM-run.log" 2>/dev/null ;;
     trl)

@@ -12,7 +12,8 @@
 # PEER_SITE (default /tmp/peersite), the Qwen3-1.7B stand-in in MODEL_DIR (default /tmp/m17; ~25 s to build).
 # Environment: GIT_SHA (recorded), MODEL_DIR, PEER_TIMEOUT_S (default 530: each system is cut off there, keeping the
 # steps it finished), HYBRID_FLAGS (flags of `hybrid train` on top of the benchmark config, space-separated, e.g.
-# "--rollout.no_logprobs": give such a run a TAG of its own, so the default run's file stays). One system a device command (each takes 5–7 minutes; the device allows 10), back to back:
+# "--rollout.no_logprobs": give such a run a TAG of its own, so the default run's file stays). One system a device
+# command (each takes 5–7 minutes; the device allows 10), back to back:
 #   payload part 0 (carry .vchunks0): mkdir -p /tmp/vparts && cp .vchunks0/* /tmp/vparts/ &&
 #                                     python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B /tmp/m17 --device cuda
 #   parts 1..N-1 (carry .vchunksK, the last also .peerwheels), as ../shared/gpu/README.md §2; the last one ends with

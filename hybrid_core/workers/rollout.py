@@ -97,12 +97,12 @@ class RolloutWorker:
         self.ledger.begin(step, ROLLOUT.name)
         start = time.perf_counter()
         self.engine.wake_up(["weights", "kv_cache"])
-        wake_s = time.perf_counter() - start
+        awake = time.perf_counter()
         table, metrics = self._generate(step)
         sleep_start = time.perf_counter()
         if self.args.engine.enable_sleep:
             self.engine.sleep()
-        metrics |= {"timing_s/vllm_wake": wake_s, "timing_s/generate": sleep_start - start - wake_s,
+        metrics |= {"timing_s/vllm_wake": awake - start, "timing_s/generate": sleep_start - awake,
                     "timing_s/vllm_sleep": time.perf_counter() - sleep_start,
                     "tokens": float(response_token_count(table))}
         entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics)

@@ -42,9 +42,34 @@ def _timed(fn) -> float:
     return timed(fn)[0]
 
 
+def host_to_device_gbps(results, num_bytes: int = 4 << 30, streams: int = 1) -> None:
+    """The wake's ceiling on this machine: one pinned host buffer copied to the device, `CALLS` times (GB/s, the
+    slowest call), the copy split over `streams` CUDA streams when more than one."""
+    import torch
+
+    host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    side = [torch.cuda.Stream() for _ in range(streams)]
+    chunk = num_bytes // streams
+
+    def copy() -> None:
+        for index, stream in enumerate(side):
+            with torch.cuda.stream(stream):
+                device[index * chunk:(index + 1) * chunk].copy_(host[index * chunk:(index + 1) * chunk],
+                                                                non_blocking=True)
+        torch.cuda.synchronize()
+    copy()
+    rates = [num_bytes / 1e9 / _timed(copy) for _ in range(CALLS)]
+    results.figure(f"h2d_pinned_gbps_{streams}_streams", min(rates), trials=rates,
+                   note=f"{num_bytes / 1e9:.1f} GB pinned host to device, the ceiling of ds_wake_gbps")
+    del host, device
+
+
 def bench_ds_sleep(results, model_dir: Path) -> None:
     import torch
 
+    host_to_device_gbps(results)
+    host_to_device_gbps(results, streams=4)
     trainer, buffer, start_s = _trainer(model_dir)
     results.figure("ds_engine_start_s", start_s, note="model load + DeepSpeed init, pinned allocation running beside")
     _one_step(trainer)  # Adam creates its moments at the first step

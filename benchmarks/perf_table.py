@@ -1,7 +1,8 @@
 """The README's GPU performance tables, generated from the committed benchmark results.
 
 Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*.json (issue #7: training and the
-whole iteration); a figure comes from the newest file that has it, by file name. The peer table (issue 17) reads one
+whole iteration), and for both the h200-bench-*.json files of runs that measured some of each; a figure comes from the
+newest file that has it, by the date in its name (then by name). The peer table (issue 17) reads one
 session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name in which
 a peer ran, so the systems it sets side by side ran on the same machine, back to back. Checks each target and
 prints Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
@@ -35,10 +36,18 @@ PEER_COLUMNS = {
 PEER_SPEEDUP_TARGET = 1.5
 
 
-def load_figures(pattern: str = "h200-hybrid-*.json") -> dict[str, tuple[object, str]]:
-    """figure → (value, "file @ git sha"); later files (by name) override earlier ones."""
+def _measured_order(path: Path) -> tuple[str, str]:
+    """A results file's place in time: the date in its name, then its name."""
+    found = re.search(r"\d{4}-\d{2}-\d{2}", path.name)
+    return (found.group() if found else "", path.name)
+
+
+def load_figures(*patterns: str) -> dict[str, tuple[object, str]]:
+    """figure → (value, "file @ git sha") from the files matching any of `patterns`; later files override earlier
+    ones."""
     figures = {}
-    for path in sorted(RESULTS.glob(pattern)):
+    paths = {path for pattern in patterns for path in RESULTS.glob(pattern)}
+    for path in sorted(paths, key=_measured_order):
         data = json.loads(path.read_text())
         source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
         figures |= {name: (value, source) for name, value in data["figures"].items()}
@@ -71,6 +80,9 @@ def _rows(f: dict) -> list[tuple[str, str, str, str]]:
               ("sync_1p7b_s_256mb (256 MiB buckets)", f"{v('sync_1p7b_s_256mb'):.3f} s"),
               ("device copy / bf16 matmul (measured here)",
                f"{v('device_copy_gbps'):,.0f} GB/s / {v('bf16_matmul_tflops'):.0f} TFLOP/s")]
+    if "h2d_pinned_gbps_1_streams" in f:  # measured since s29
+        beside.append(("h2d_pinned_gbps, 1 / 4 streams (4 GB pinned host to device: ds_wake_gbps's ceiling)",
+                       f"{v('h2d_pinned_gbps_1_streams'):.1f} / {v('h2d_pinned_gbps_4_streams'):.1f} GB/s"))
     return rows + [(name, value, "", "") for name, value in beside]
 
 
@@ -92,12 +104,13 @@ def _train_rows(f: dict) -> list[tuple[str, str, str, str]]:
                                    f"{v[f'measured_peak_gib_{key}']:.1f} GiB "
                                    f"({ratio(v, key):+.1%})")
     rows = [
-        row("train_mfu_1p7b (packed)", "≥ 40%", lambda v: f"{v['train_mfu_1p7b']:.1%}",
+        row("train_mfu_1p7b (packed, the default kernels: Liger on CUDA since s24)", "≥ 40%",
+            lambda v: f"{v['train_mfu_1p7b']:.1%}",
             lambda v: v["train_mfu_1p7b"] >= 0.4, "train_mfu_1p7b"),
         row("train_mfu_1p7b_no_ckpt (packed, no gradient checkpointing)", "≥ 40%",
             lambda v: f"{v['train_mfu_1p7b_no_ckpt']:.1%}", lambda v: v["train_mfu_1p7b_no_ckpt"] >= 0.4,
             "train_mfu_1p7b_no_ckpt"),
-        row("train_mfu_4b (packed)", "≥ 40%", lambda v: f"{v['train_mfu_4b']:.1%}",
+        row("train_mfu_4b (packed, the default kernels)", "≥ 40%", lambda v: f"{v['train_mfu_4b']:.1%}",
             lambda v: v["train_mfu_4b"] >= 0.4, "train_mfu_4b"),
         row("train_mfu_1p7b_liger (packed, --ds.use_liger_kernel)", "≥ 40%",
             lambda v: f"{v['train_mfu_1p7b_liger']:.1%}", lambda v: v["train_mfu_1p7b_liger"] >= 0.4,
@@ -197,7 +210,8 @@ def replace_block(readme: str, table: str, start: str = START, end: str = END) -
 
 def tables() -> tuple[str, str, str]:
     """(issue #6's table, issue #7's table, issue 17's peer table) from the committed results."""
-    return (render(load_figures()), render_train(load_figures("h200-train-*.json")),
+    return (render(load_figures("h200-hybrid-*.json", "h200-bench-*.json")),
+            render_train(load_figures("h200-train-*.json", "h200-bench-*.json")),
             render_peers(*peer_session()))
 
 

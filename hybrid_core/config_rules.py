@@ -22,7 +22,7 @@ def rule_problems(cfg: RunConfig) -> list[str]:
 
 def _correction_problems(cfg: RunConfig) -> list[str]:
     """Importance-sampling correction weighs the update by the engine's own logprobs of its samples."""
-    if cfg.algo.advantage.is_correction_enable and not cfg.rollout.logprobs:
+    if cfg.algo.advantage.is_correction_enable and cfg.rollout.logprobs is False:
         return ["algo.advantage.is_correction_enable needs the engine's logprobs: got rollout.logprobs=False; drop "
                 "--rollout.no_logprobs or --algo.advantage.is_correction_enable"]
     return []

@@ -60,12 +60,13 @@ def _num_values(annotation: Any) -> int | None:
 
 @functools.cache
 def _flag_specs() -> dict[str, FlagSpec]:
-    """Flag name (without --) → spec; a boolean that defaults to True also gets a `no_` flag."""
+    """Flag name (without --) → spec; a boolean that defaults to True or to None (decided by the run) also gets a
+    `no_` flag."""
     specs = {}
     for path, info in leaf_paths(RunConfig).items():
         annotation, is_nullable = _without_none(info.annotation)
         specs[path] = FlagSpec(path, _num_values(annotation), annotation, is_nullable)
-        if annotation is bool and info.default is True:
+        if annotation is bool and info.default in (True, None):
             head, _, name = path.rpartition(".")
             negated = f"{head}.no_{name}" if head else f"no_{name}"
             specs[negated] = FlagSpec(path, 0, bool, is_negated=True)

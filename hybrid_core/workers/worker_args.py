@@ -131,7 +131,7 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                    max_len=d.max_len),
         sampling=SamplingSettings(n=r.n_samples_per_prompt, max_new_tokens=max_new_tokens(cfg),
                                   temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt,
-                                  logprobs=r.logprobs),
+                                  logprobs=cfg.asks_engine_logprobs),
         reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries,
                                 remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
@@ -147,7 +147,7 @@ def eval_settings(cfg: RunConfig) -> EvalSettings | None:
         return None
     sampling = SamplingSettings(n=e.n_samples_per_prompt, max_new_tokens=max_new_tokens(cfg),
                                 temperature=e.temperature, top_p=cfg.rollout.top_p, seed_per_prompt=True,
-                                logprobs=cfg.rollout.logprobs)
+                                logprobs=cfg.asks_engine_logprobs)
     return EvalSettings(dataset=e.dataset, split=e.split, input_key=d.input_key, label_key=d.label_key,
                         sampling=sampling)
 

@@ -35,6 +35,7 @@ def two_rank_config(standin, root):
     cfg["vllm"] |= {"num_engines": 2}
     # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
     cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
+    cfg["rollout"] |= {"logprobs": True}  # compared below; nothing of the run reads them, so they are asked for
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -34,6 +34,7 @@ def distributed_config(standin, root):
     cfg["ds"] |= {"enable_sleep": False}
     # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
     cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
+    cfg["rollout"] |= {"logprobs": True}  # compared below; nothing of the run reads them, so they are asked for
     # the random stand-in earns no reward, so advantages are 0; the entropy bonus makes the first update move anyway
     cfg["actor"] |= {"entropy_coef": 0.01}
     path.write_text(yaml.safe_dump(cfg))

@@ -30,6 +30,7 @@ def tp_config(standin, root, num_engines: int, tp: int):
     cfg["vllm"] |= {"num_engines": num_engines, "tensor_parallel_size": tp}
     # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
     cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
+    cfg["rollout"] |= {"logprobs": True}  # compared below; nothing of the run reads them, so they are asked for
     cfg.pop("eval")  # the engines' evaluation is the colocated test's; here only their weights matter
     path.write_text(yaml.safe_dump(cfg))
     return path

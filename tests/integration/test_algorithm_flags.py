@@ -25,7 +25,7 @@ FLAG_RUNS = {
         "--algo.advantage.estimator", "reinforce", "--algo.kl.use_loss=false", "--algo.kl.estimator", "k1",
         "--algo.kl.init_coef", "0.5", "--algo.kl.target", "0.1", "--algo.kl.horizon", "10",
         "--reward.overlong_buffer_len", "4", "--reward.stop_properly_penalty_coef", "-0.5", "--actor.entropy_coef", "0",
-        "--actor.adam.lr", "0.01", "--rollout.no_logprobs")),  # nothing of this run reads the engine's logprobs
+        "--actor.adam.lr", "0.01", "--rollout.logprobs")),  # asked for, though nothing of this run reads them
     "is-tis": ("rloo", ("--algo.advantage.estimator", "rloo", *IS_RANGE, "--algo.advantage.is_correction_type", "tis",
                         "--train.max_steps", "2")),
     "is-icepop": ("group_norm", ("--algo.advantage.estimator", "group_norm", *IS_RANGE,
@@ -115,15 +115,19 @@ def test_kl_in_reward_penalties_entropy_and_adaptive_kl(shared_run):
     assert 0 < entropy <= math.log(128)
 
 
-def test_a_run_without_the_engines_logprobs_commits_none_and_trains(shared_run):
-    """--rollout.no_logprobs: every rollout row's rollout_logprobs is null, the steps still train (their advantages
-    are checked by test_each_estimator_is_honoured[reinforce], which reads this run)."""
-    cfg, run_dir = flag_run(shared_run, "kl-penalties")
-    assert not cfg.rollout.logprobs
-    for step in (1, 2, 3):
+@pytest.mark.parametrize("run_id", ["kl-penalties", "is-tis"])
+def test_the_engines_logprobs_are_committed_when_asked_for_or_read(run_id, shared_run):
+    """--rollout.logprobs asks for them (kl-penalties); by default the importance-sampling correction reads them
+    (is-tis). Every sampled token has its logprob; the reference run, where nothing reads them, commits null
+    (test_datasets_load_with_hf_datasets)."""
+    cfg, run_dir = flag_run(shared_run, run_id)
+    assert cfg.asks_engine_logprobs
+    for step in range(1, cfg.train.max_steps + 1):
         rollout = read_stage(run_dir, step, "rollout")
-        assert rollout.num_rows > 0 and rollout.column("rollout_logprobs").null_count == rollout.num_rows, step
-        assert math.isfinite(read_metrics(run_dir, step)["actor/policy_loss"]), step
+        lengths = [len(lp) for lp in rollout.column("rollout_logprobs").to_pylist()]
+        assert lengths == [len(r) for r in rollout.column("response_ids").to_pylist()], step
+        assert rollout.num_rows > 0 and all(math.isfinite(x) for lp in rollout.column("rollout_logprobs").to_pylist()
+                                            for x in lp), step
 
 
 @pytest.mark.parametrize("kind, weight_mean, masked_frac", [("tis", 1.5, 0.0), ("icepop", 0.0, 1.0)])

@@ -3,6 +3,7 @@ import pytest
 from pydantic import ValidationError
 
 from hybrid_core.config import ConfigError, RunConfig, changed_fields, leaf_paths, leaf_values
+from hybrid_core.workers.worker_args import eval_settings, rollout_args
 
 
 def problems_of(data: dict) -> list[str]:
@@ -97,6 +98,17 @@ def test_importance_sampling_correction_needs_the_engines_logprobs():
                         "drop --rollout.no_logprobs or --algo.advantage.is_correction_enable"]
     RunConfig.model_validate({"rollout": {"logprobs": False}})  # nothing else reads them
     RunConfig.model_validate({"algo": {"advantage": {"is_correction_enable": True}}})
+
+
+@pytest.mark.parametrize(("asked", "correction", "expected"), [
+    (None, False, False), (None, True, True), (True, False, True), (True, True, True), (False, False, False)])
+def test_the_engine_is_asked_for_logprobs_when_told_or_when_the_correction_reads_them(asked, correction, expected):
+    cfg = RunConfig.model_validate({"rollout": {"logprobs": asked},
+                                    "algo": {"advantage": {"is_correction_enable": correction}}})
+    assert cfg.asks_engine_logprobs is expected
+    assert rollout_args(cfg).sampling.logprobs is expected
+    eval_cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"dataset": "prompts.jsonl"})})
+    assert eval_settings(eval_cfg).sampling.logprobs is expected
 
 
 def test_dynamic_filtering_needs_remote_reward_and_groups():

@@ -134,7 +134,7 @@ def test_seed_recipe_namespaces_dump_as_typed_dicts():
     assert dump["rollout"] == {"batch_size": 128, "n_samples_per_prompt": 8, "micro_batch_size": 8,
                                "vllm_generate_batch_size": None, "max_new_tokens": 64000,
                                "max_tokens_per_gpu": 32768, "temperature": 1.0, "top_p": 1.0,
-                               "seed_per_prompt": True, "logprobs": True}
+                               "seed_per_prompt": True, "logprobs": None}  # None: the correction above asks
 
 
 def test_flag_typo_suggests_the_closest_flag():
@@ -167,6 +167,7 @@ def test_value_kinds():
     assert parse_cli([]).ds.use_liger_kernel is None
     assert parse_cli(["--ds.use_liger_kernel"]).ds.use_liger_kernel is True
     assert parse_cli(["--ds.use_liger_kernel=false"]).ds.use_liger_kernel is False
+    assert parse_cli(["--ds.no_use_liger_kernel"]).ds.use_liger_kernel is False
 
 
 def test_every_problem_is_reported_at_once():
@@ -234,9 +235,10 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 183  # 179 fields + the negations of the true-by-default booleans:
-    # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt, --rollout.no_logprobs
+    assert len(names) == 184  # 179 fields + the negations of the booleans that default to true or to the run's choice:
+    # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt, --rollout.no_logprobs,
+    # --ds.no_use_liger_kernel
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]
     assert {"--vllm.enable_sleep", "--critic.muon.no_nesterov", "--logger.wandb.project", "--use_ms",
-            "--rollout.no_seed_per_prompt", "--rollout.no_logprobs"} <= set(names)
+            "--rollout.no_seed_per_prompt", "--rollout.no_logprobs", "--ds.no_use_liger_kernel"} <= set(names)
     assert "--config" not in names and len(set(names)) == len(names)

@@ -8,13 +8,16 @@ uniformly drawn lengths in [256, 3840], 64 samples (one optimizer step), ZeRO-2 
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
 import statistics
 from pathlib import Path
 
 from bench_common import single_rank_trainer, timed
 
+KERNEL_ENV = "HYBRID_LOGPROB_KERNEL"  # engines.logprob_kernel's switch (read at every chunk)
 NUM_SAMPLES, PROMPT_TOKENS, RESPONSE_RANGE, TOKEN_BUDGET, TIMED_STEPS = 64, 256, (256, 3840), 16384, 3
 
 
@@ -53,12 +56,34 @@ def _trainer(model_dir: Path, packed: bool, param_dtype: str, token_budget: int,
 
 def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool = True,
                     param_dtype: str = "bf16", token_budget: int = TOKEN_BUDGET, checkpointing: bool = True,
-                    profile: bool = False, liger: bool | None = None) -> None:
+                    profile: bool = False, liger: bool | None = None, head_kernel: str | None = None) -> None:
     """One figure: `train_mfu_<name>` (packed, micro-batches of `token_budget` tokens; the default path, Liger's
     kernels on CUDA where installed) or `..._padded` (4 samples a row), `..._no_ckpt` without gradient checkpointing
     (nothing recomputed: more activation memory), `..._liger` with `ds.use_liger_kernel` required.
     (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.) `profile`: one more
-    step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes)."""
+    step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes).
+    `head_kernel`: `HYBRID_LOGPROB_KERNEL` for this run (`torch`: the head's maths in PyTorch ops, `..._torch_head`)."""
+    with _logprob_kernel(head_kernel):
+        _bench_train_mfu(results, model_dir, name, tflops, packed, param_dtype, token_budget, checkpointing, profile,
+                         liger, suffix="_torch_head" if head_kernel == "torch" else "")
+
+
+@contextlib.contextmanager
+def _logprob_kernel(choice: str | None):
+    previous = os.environ.get(KERNEL_ENV)
+    if choice is not None:
+        os.environ[KERNEL_ENV] = choice
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(KERNEL_ENV, None)
+        else:
+            os.environ[KERNEL_ENV] = previous
+
+
+def _bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool, param_dtype: str,
+                     token_budget: int, checkpointing: bool, profile: bool, liger: bool | None, suffix: str) -> None:
     import torch
 
     from hybrid_core.algorithms.experience import ActorLossSettings
@@ -80,7 +105,7 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
               f"{' liger' if liger else ''} step "
               f"{step}: {seconds[-1]:.2f} s, {tokens[-1]} tokens, MFU {mfu[-1]:.1%}", flush=True)
     figure = f"train_mfu_{name}" + ("" if packed else "_padded") + ("" if checkpointing else "_no_ckpt") \
-        + ("_liger" if liger else "")
+        + ("_liger" if liger else "") + suffix
     results.figure(figure, statistics.median(mfu[1:]), trials={"seconds": seconds, "tokens": tokens, "mfu": mfu},
                    note=f"{NUM_SAMPLES} samples a step (each step its own lengths), "
                         f"{f'{token_budget} tokens' if packed else '4 padded samples'} a micro-batch, attention "

@@ -11,8 +11,10 @@ bf16, checkpointing, sleep) through fit_actor: step time, tokens/s and the devic
 Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
   python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
-  (`train1p7b` / `train4b` alone measure one model's MFU on the default path; `train_liger` both with
-  --ds.use_liger_kernel)
+  (`train1p7b` / `train4b` alone measure one model's MFU on the default path; `train1p7b_torch_head` the 1.7B
+  with the head's maths in PyTorch ops; `train_liger` both with --ds.use_liger_kernel)
+  python3 benchmarks/run_all.py --model DIR --only logprob_kernel,h2d --out FILE.json  (no DeepSpeed or vLLM:
+  the head's kernels against PyTorch's ops, and where large host-to-device copies lose speed)
   python3 benchmarks/run_all.py --model DIR4B --model-4b DIR4B --only long_context --out FILE.json
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
@@ -173,9 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
                                  "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
     sections = args.only.split(",")
-    needs_anchors = {"anchors", "train", "train1p7b", "train4b", "train_liger", "long_context"} & set(sections) \
+    needs_anchors = {"anchors", "train", "train1p7b", "train1p7b_torch_head", "train4b", "train_liger",
+                     "long_context", "logprob_kernel"} & set(sections) \
         or ("vllm" in sections and "gen" in args.vllm_parts)
     ceilings = anchors(results) if needs_anchors else {"copy_gbps": 0.0}
+    if "logprob_kernel" in sections:
+        from bench_logprob_kernel import bench_logprob_kernel
+
+        results.section("logprob_kernel", lambda: bench_logprob_kernel(results, ceilings["copy_gbps"]))
+    if "h2d" in sections:
+        from probe_host_copies import probe_host_copies
+
+        results.section("h2d", lambda: probe_host_copies(results))
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 
@@ -198,6 +209,11 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
 
         results.section("train_1p7b", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
                                                               profile=args.profile_train))
+    if "train1p7b_torch_head" in sections:  # the same with the head's maths in PyTorch ops (no Triton kernels)
+        from bench_train import bench_train_mfu
+
+        results.section("train_1p7b_torch_head", lambda: bench_train_mfu(results, args.model, "1p7b",
+                                                                         ceilings["tflops"], head_kernel="torch"))
     if "train" in sections:
         results.section("train_1p7b_padded", lambda: bench_train_mfu(results, args.model, "1p7b", ceilings["tflops"],
                                                                      packed=False))

@@ -48,6 +48,7 @@ class _TokenLogprobEntropy(torch.autograd.Function):
             coef = log_p.add_(entropy.unsqueeze(-1)).mul_(-grad_entropy.unsqueeze(-1))  # −g_H·(log p + H)
             if grad_logprobs is not None:
                 coef.sub_(grad_logprobs.unsqueeze(-1))
+            coef.masked_fill_(p == 0, 0.0)  # a −inf logit: its clamped log p times |g_H| > 1 overflows, 0·inf is NaN
             grad = p.mul_(coef)
             del coef, log_p
         if grad_logprobs is not None:

@@ -4,7 +4,8 @@ Owns how every logprob path (the actor's update and old logprobs, the reference,
 value) runs a causal LM. The model runs with its head given no position; a forward pre-hook on the head takes the
 final hidden states it would have seen, and the N response positions' (N, H) rows are kept. The head then runs on
 chunks of `chunk_tokens` of them; each chunk's logits go at once to the taken token's logprob and the entropy
-(`algorithms.logprobs`, in fp32), so a forward holds one chunk's logits at a time. With ring attention
+(in fp32: `algorithms.logprobs`' maths, on CUDA through the fused kernels of `logprob_kernel`), so a forward holds one
+chunk's logits at a time. With ring attention
 (`batch.ring`) the forward, the positions and the tokens are this rank's share of the packed row, so its head runs in
 chunks over its own response tokens, and `to_response_layout` gathers the ring's results into the whole (B, T).
 
@@ -91,8 +92,19 @@ def _chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.T
         logits = head(F.pad(hidden, (0, 0, 0, num_rows - num_tokens)))[:num_tokens]
     else:
         logits = head(hidden)
-    logprobs, entropy = token_logprobs_and_entropy(logits, token_ids, with_entropy)
+    logprobs, entropy = _token_stats(logits, token_ids, with_entropy)
     return logprobs, entropy if with_entropy else logprobs.new_zeros(0)
+
+
+def _token_stats(logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool):
+    """A chunk's maths: the fused Triton kernels on CUDA (`logprob_kernel`, imported there only: the CPU build
+    need not have Triton), `algorithms.logprobs`' PyTorch ops elsewhere or when `HYBRID_LOGPROB_KERNEL=torch`."""
+    if logits.is_cuda:
+        from hybrid_core.engines.logprob_kernel import fused_applies, fused_token_logprobs_and_entropy
+
+        if fused_applies(logits):
+            return fused_token_logprobs_and_entropy(logits, token_ids, with_entropy)
+    return token_logprobs_and_entropy(logits, token_ids, with_entropy)
 
 
 def _head_rows(device: torch.device, chunk_tokens: int) -> int:

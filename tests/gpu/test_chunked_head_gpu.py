@@ -4,7 +4,8 @@ vocabulary, tied embeddings):
 - bf16 logprobs, entropy and gradients in chunks stay as close to the fp32 result as the unchunked head's bf16 ones
   (the whole logits of the model's own forward, then fp32 log-softmax: the path before the chunks);
 - one chunk's forward+backward allocates what the memory plan counts for the logits (10 bytes per chunk logit and
-  the head weight's gradient sum), however many tokens there are.
+  the head weight's gradient sum), however many tokens there are;
+- the fused Triton kernels that run each chunk's maths by default give the PyTorch ops' results.
 """
 from __future__ import annotations
 
@@ -122,3 +123,33 @@ def test_one_chunk_holds_what_the_plan_counts(cuda, standin):
     # need: on the H200 one chunk peaked 0.26 GiB lower than four); twice the tokens again: only the hidden states'
     # gradient grows (8,192 more rows), never the logits
     assert peaks[4 * chunk] <= peaks[2 * chunk] + 2 * chunk * hidden_size * 2 + 2**20
+
+
+def test_the_fused_kernels_give_the_pytorch_maths_at_qwen3s_vocabulary(cuda, monkeypatch):
+    """The chunks' default maths on CUDA (`logprob_kernel`'s Triton kernels) against `algorithms.logprobs`' PyTorch
+    ops (`HYBRID_LOGPROB_KERNEL=torch`) on the same bf16 logits: logprobs and entropy to fp32 rounding, the bf16
+    gradient to a unit in its last place."""
+    import torch
+
+    from hybrid_core.algorithms.logprobs import token_logprobs_and_entropy
+    from hybrid_core.engines.logprob_kernel import fused_applies, fused_token_logprobs_and_entropy
+
+    generator = torch.Generator("cuda").manual_seed(2)
+    logits = (torch.randn(1000, 151936, device="cuda", generator=generator) * 3).to(torch.bfloat16)
+    logits[3, 11] = float("-inf")
+    tokens = torch.randint(0, 151936, (1000,), device="cuda", generator=generator)
+    weights = torch.randn(2, 1000, device="cuda", generator=generator)
+    monkeypatch.delenv("HYBRID_LOGPROB_KERNEL", raising=False)
+    assert fused_applies(logits)
+
+    def run(stats):
+        leaf = logits.clone().requires_grad_()
+        logprobs, entropy = stats(leaf, tokens, True)
+        ((logprobs * weights[0]).sum() + (entropy * weights[1]).sum()).backward()
+        return logprobs.detach(), entropy.detach(), leaf.grad
+
+    fused, expected = run(fused_token_logprobs_and_entropy), run(token_logprobs_and_entropy)
+    torch.testing.assert_close(fused[0], expected[0], rtol=1e-6, atol=2e-5)
+    torch.testing.assert_close(fused[1], expected[1], rtol=1e-5, atol=2e-5)
+    assert fused[2].dtype == torch.bfloat16 and not fused[2].isnan().any()
+    torch.testing.assert_close(fused[2].float(), expected[2].float(), rtol=2 ** -7, atol=1e-9)

@@ -66,6 +66,15 @@ def test_the_gradient_reaches_bf16_logits_in_their_dtype():
     _close(logits.grad.float().sum(-1), [0.0, 0.0, 0.0], atol=2e-2)
 
 
+def test_a_masked_logit_gets_no_gradient_and_no_nan_from_a_large_entropy_weight():
+    # p = [1/2, 1/2, 0]: d(3·H)/dz = −3·p·(log p + H) = −3·(1/2)·(ln ½ + ln 2) = 0 for the two open entries, and the
+    # masked one gets 0, not 0·inf (its log p is clamped to fp32's lowest, times 3 overflows)
+    logits = torch.tensor([[0.0, 0.0, -math.inf]], requires_grad=True)
+    _, entropy = token_logprobs_and_entropy(logits, torch.tensor([0]), with_entropy=True)
+    (3.0 * entropy).sum().backward()
+    _close(logits.grad, [[0.0, 0.0, 0.0]])
+
+
 def test_bad_shapes_are_rejected():
     with pytest.raises(ValueError, match=r"logits must be \(C, V\) and token_ids \(C,\): got shapes \(4,\) and \(1,\)"):
         token_logprobs_and_entropy(torch.zeros(4), torch.tensor([0]))

@@ -110,8 +110,44 @@ def probe_host_copies(results) -> None:
         torch.cuda.empty_cache()
     rates = _gbps(fresh, STATE_BYTES)
     results.figure("h2d_gbps_fresh_block", min(rates), trials=rates, note="cudaMalloc'd anew before every copy")
+    _probe_fresh_blocks(results, host)
     del host
     _probe_other_buffers(results)
+
+
+def _fresh_copy_seconds(host, prepare: str) -> dict:
+    """One copy into a block cudaMalloc'd just before: the allocation, `prepare` (nothing, a 0.5 s pause, a memset,
+    or two streams of 512 MB chunks for the copy) and the copy timed apart."""
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    block = torch.empty(STATE_BYTES, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    allocated = time.perf_counter()
+    if prepare == "pause":
+        time.sleep(0.5)
+    elif prepare == "memset":
+        block.zero_()
+    torch.cuda.synchronize()
+    prepared = time.perf_counter()
+    if prepare == "two_streams":
+        _chunked(block, host, 512 << 20, [torch.cuda.Stream(), torch.cuda.Stream()])()
+    else:
+        block.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    copied = time.perf_counter()
+    del block
+    torch.cuda.empty_cache()
+    return {"allocate_s": allocated - start, "prepare_s": prepared - allocated, "copy_s": copied - prepared,
+            "copy_gbps": STATE_BYTES / 1e9 / (copied - prepared)}
+
+
+def _probe_fresh_blocks(results, host) -> None:
+    for prepare in ("none", "pause", "memset", "two_streams"):
+        trials = [_fresh_copy_seconds(host, prepare) for _ in range(TRIALS)]
+        results.figure(f"h2d_fresh_block_{prepare}", min(t["copy_gbps"] for t in trials), trials=trials,
+                       note="GB/s of the copy alone into a block allocated just before (the wake's case)")
 
 
 def _probe_other_buffers(results) -> None:

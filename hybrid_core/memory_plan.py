@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
@@ -24,7 +25,9 @@ ZERO3_SUB_GROUP_PARAMS = 10**9  # DeepSpeed's stage-3 `sub_group_size` default: 
 # only logits there are): the chunk's 16-bit logits and two fp32 blocks (their fp32 copy and logsumexp's temporary,
 # or log p and p). The same in a no-grad forward, in the policy's forward and in its per-chunk recompute and backward,
 # with or without an entropy bonus (measured 10.2 on CPU through torch's profiler, bf16 model). The policy's backward
-# also sums the head weight's gradient over the chunks: one more 16-bit vocab × hidden matrix.
+# also sums the head weight's gradient over the chunks: one more 16-bit vocab × hidden matrix. On CUDA the fused
+# kernels (`engines/logprob_kernel`) keep no fp32 block: the chunk's logits and their gradient, in the logits' dtype
+# (`logit_bytes`).
 LOGIT_BYTES = 10
 # Per parameter of the rank's partition during DeepSpeed's optimizer step: the fp32 copy of the gradients and
 # torch AdamW's sqrt(v) temporary (measured +8.0 bytes/param over the resident states, ZeRO-2 on the H200).
@@ -114,21 +117,41 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     chunk = cfg.ds.logit_chunk_tokens  # a ring's rank runs the head over its own share's response tokens only
     logit_tokens, forward_logit_tokens = min(tokens, chunk), min(forward_tokens, chunk)
     is_checkpointed, fused = cfg.actor.gradient_checkpointing_enable, runs_fused_kernels(cfg)
+    per_logit = logit_bytes(cfg)
     activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed, fused)
     if is_checkpointed:  # the backward recomputes one layer at a time
         activations += tokens * shape.layer_bytes_per_token(param_bytes, fused)
     activations += ring_kv_bytes(cfg, shape, tokens, is_checkpointed)
     offloaded = cfg.ds.adam_offload
-    step_from_cache = has_logits and stage < 3 and logit_tokens * shape.vocab_size >= step_params
+    # the step's two fp32 partition-sized temporaries come out of the largest block the head's backward freed
+    freed_block = logit_tokens * shape.vocab_size * (param_bytes if runs_logprob_kernels(cfg) else 4)
+    step_from_cache = has_logits and stage < 3 and freed_block >= 4 * step_params
     head_gradient_sum = shape.vocab_size * shape.hidden_size * param_bytes
     return TrainerBytes(
         weights=params * param_bytes / (world if stage == 3 else 1) / GIB,
         gradients=params * param_bytes / (world if stage >= 2 else 1) / GIB,
         optimizer=0.0 if offloaded else partition * state_bytes / GIB,
         activations=activations / GIB,
-        logits=(logit_tokens * shape.vocab_size * LOGIT_BYTES + head_gradient_sum) / GIB if has_logits else 0.0,
+        logits=(logit_tokens * shape.vocab_size * per_logit + head_gradient_sum) / GIB if has_logits else 0.0,
         step=0.0 if offloaded or step_from_cache else step_params * STEP_BYTES / GIB,
-        forward=forward_logit_tokens * shape.vocab_size * LOGIT_BYTES / GIB if has_logits else 0.0)
+        forward=forward_logit_tokens * shape.vocab_size * per_logit / GIB if has_logits else 0.0)
+
+
+def runs_logprob_kernels(cfg: RunConfig) -> bool:
+    """Whether the vocabulary head's maths runs in the fused Triton kernels (`engines/logprob_kernel`): on CUDA
+    where Triton is installed, unless HYBRID_LOGPROB_KERNEL=torch."""
+    return cfg.train.device == "cuda" and os.environ.get("HYBRID_LOGPROB_KERNEL", "triton") != "torch" \
+        and triton_installed()
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def logit_bytes(cfg: RunConfig) -> int:
+    """Bytes per logit of a head chunk at its peak: `LOGIT_BYTES`, or with the fused kernels the logits and their
+    gradient in the weights' dtype."""
+    return 2 * PARAM_BYTES[cfg.ds.param_dtype] if runs_logprob_kernels(cfg) else LOGIT_BYTES
 
 
 def runs_fused_kernels(cfg: RunConfig) -> bool:

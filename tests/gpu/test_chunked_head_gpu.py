@@ -3,8 +3,8 @@ vocabulary, tied embeddings):
 
 - bf16 logprobs, entropy and gradients in chunks stay as close to the fp32 result as the unchunked head's bf16 ones
   (the whole logits of the model's own forward, then fp32 log-softmax: the path before the chunks);
-- one chunk's forward+backward allocates what the memory plan counts for the logits (10 bytes per chunk logit and
-  the head weight's gradient sum), however many tokens there are;
+- one chunk's forward+backward allocates what the memory plan counts for the logits (4 bytes per chunk logit with the
+  fused kernels, and the head weight's gradient sum), however many tokens there are;
 - the fused Triton kernels that run each chunk's maths by default give the PyTorch ops' results.
 """
 from __future__ import annotations
@@ -107,12 +107,14 @@ def _head_peak(head, num_tokens: int, chunk: int) -> int:
 
 
 def test_one_chunk_holds_what_the_plan_counts(cuda, standin):
-    from hybrid_core.memory_plan import GIB, LOGIT_BYTES
+    from hybrid_core.config import RunConfig
+    from hybrid_core.memory_plan import GIB, logit_bytes
 
     chunk, head = 4096, _model(standin, "bf16").lm_head
     vocab, hidden_size = head.weight.shape
     weight_bytes = vocab * hidden_size * 2
-    planned = chunk * vocab * LOGIT_BYTES + weight_bytes  # the plan's logits term: a chunk and the gradient sum
+    per_logit = logit_bytes(RunConfig())  # CUDA, bf16: the fused kernels' 4 bytes
+    planned = chunk * vocab * per_logit + weight_bytes  # the plan's logits term: a chunk and the gradient sum
     peaks = {n: _head_peak(head, n, chunk) for n in (chunk, 2 * chunk, 4 * chunk)}
     for n, peak in peaks.items():
         besides = weight_bytes + n * hidden_size * 2  # the head's .grad and the hidden states' gradient

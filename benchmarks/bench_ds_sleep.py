@@ -12,6 +12,7 @@ from pathlib import Path
 from bench_common import single_rank_trainer, timed
 
 CALLS = 4
+WAKE_PAUSE_S = 2.0  # an iteration's wake comes seconds after its sleep (rollout, reward, experience between)
 
 
 def _trainer(model_dir: Path):
@@ -88,9 +89,23 @@ def bench_ds_sleep(results, model_dir: Path) -> None:
     results.figure("ds_first_sleep_s", sleeps[0], trials=sleeps)
     results.figure("ds_sleep_gbps", moved / 1e9 / max(sleeps), trials=[moved / 1e9 / s for s in sleeps])
     results.figure("ds_wake_gbps", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes])
+    _wake_after_pause(results, trainer)
     _deepspeed_baseline(results, trainer, moved)
     del trainer
     torch.cuda.empty_cache()
+
+
+def _wake_after_pause(results, trainer) -> None:
+    """The wake as an iteration sees it: seconds after the sleep (the rollout, reward and experience stages run
+    between them), not at once. `WAKE_PAUSE_S` between each sleep and wake; GB/s of the slowest of `CALLS` wakes."""
+    wakes = []
+    for _ in range(CALLS):
+        trainer.sleep()
+        time.sleep(WAKE_PAUSE_S)
+        wakes.append(_timed(lambda: trainer.wake_up()))
+    moved = trainer.state_mover.last_bytes
+    results.figure("ds_wake_gbps_after_pause", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes],
+                   note=f"each wake {WAKE_PAUSE_S} s after its sleep")
 
 
 def _deepspeed_baseline(results, trainer, moved: int) -> None:

@@ -83,6 +83,9 @@ def _rows(f: dict) -> list[tuple[str, str, str, str]]:
     if "h2d_pinned_gbps_1_streams" in f:  # measured since s29
         beside.append(("h2d_pinned_gbps, 1 / 4 streams (4 GB pinned host to device: ds_wake_gbps's ceiling)",
                        f"{v('h2d_pinned_gbps_1_streams'):.1f} / {v('h2d_pinned_gbps_4_streams'):.1f} GB/s"))
+    if "ds_wake_gbps_after_pause" in f:  # measured since s30
+        beside.append(("ds_wake_gbps_after_pause (each wake 2 s after its sleep, as in an iteration)",
+                       f"{v('ds_wake_gbps_after_pause'):.1f} GB/s"))
     return rows + [(name, value, "", "") for name, value in beside]
 
 
@@ -104,7 +107,8 @@ def _train_rows(f: dict) -> list[tuple[str, str, str, str]]:
                                    f"{v[f'measured_peak_gib_{key}']:.1f} GiB "
                                    f"({ratio(v, key):+.1%})")
     rows = [
-        row("train_mfu_1p7b (packed, the default kernels: Liger on CUDA since s24)", "≥ 40%",
+        row("train_mfu_1p7b (packed, the default kernels: Liger on CUDA since s24, the head's Triton kernels since "
+            "s30)", "≥ 40%",
             lambda v: f"{v['train_mfu_1p7b']:.1%}",
             lambda v: v["train_mfu_1p7b"] >= 0.4, "train_mfu_1p7b"),
         row("train_mfu_1p7b_no_ckpt (packed, no gradient checkpointing)", "≥ 40%",

@@ -130,7 +130,7 @@ def test_one_chunk_holds_what_the_plan_counts(cuda, standin):
 def test_the_fused_kernels_give_the_pytorch_maths_at_qwen3s_vocabulary(cuda, monkeypatch):
     """The chunks' default maths on CUDA (`logprob_kernel`'s Triton kernels) against `algorithms.logprobs`' PyTorch
     ops (`HYBRID_LOGPROB_KERNEL=torch`) on the same bf16 logits: logprobs and entropy to fp32 rounding, the bf16
-    gradient to a unit in its last place."""
+    gradient to a unit in its last place (the inputs are seeded: the same kernels give the same numbers)."""
     import torch
 
     from hybrid_core.algorithms.logprobs import token_logprobs_and_entropy
@@ -154,4 +154,6 @@ def test_the_fused_kernels_give_the_pytorch_maths_at_qwen3s_vocabulary(cuda, mon
     torch.testing.assert_close(fused[0], expected[0], rtol=1e-6, atol=2e-5)
     torch.testing.assert_close(fused[1], expected[1], rtol=1e-5, atol=2e-5)
     assert fused[2].dtype == torch.bfloat16 and not fused[2].isnan().any()
-    torch.testing.assert_close(fused[2].float(), expected[2].float(), rtol=2 ** -7, atol=1e-9)
+    # a unit in the last bf16 place, or 5e-8 for the smallest entries (p ≈ 1e-6, where the kernels' exp and
+    # PyTorch's differ in the last fp32 bits and the bf16 rounding flips: 62 of 152M entries, at most 3.0e-8, s30)
+    torch.testing.assert_close(fused[2].float(), expected[2].float(), rtol=2 ** -7, atol=5e-8)

@@ -1,7 +1,9 @@
 """`hybrid plan`'s per-GPU estimate of a training rank against the H200: PyTorch's peak reserved memory of one
-DeepSpeed ZeRO-2 bf16 policy update, in a fresh process, at two micro-batch sizes on either side of the rule that
-lets the optimizer step reuse the freed logit blocks (0.6B stand-in: 2,048 tokens × 151,936 logits < 0.6e9
-parameters ≤ 8,192 × 151,936)."""
+DeepSpeed ZeRO-2 bf16 policy update, in a fresh process, at two micro-batch sizes (0.6B stand-in). With the fused
+head kernels (the default on CUDA since s30) the backward frees bf16 blocks of one 4,096-token chunk, 4,096 × 151,936
+× 2 bytes, smaller than the step's fp32 temporary (4 × 0.6e9 bytes): the plan counts the step at both sizes (on the
+H200, s30: −10.2% at 2,048 tokens, −0.8% at 8,192). With PyTorch's head (`HYBRID_LOGPROB_KERNEL=torch`) its fp32
+blocks were large enough at 8,192 tokens and the step came out of the cache (s26: −3.7% and −0.8%)."""
 from __future__ import annotations
 
 import json
@@ -47,4 +49,4 @@ def test_plan_matches_the_measured_training_peak_within_15_percent(cuda, standin
         print(f"{tokens} tokens: plan {plan:.2f} GiB vs measured {measured:.2f} GiB ({plan / measured - 1:+.1%}); "
               + ", ".join(f"{k} {v:.2f}" for k, v in terms.items()))
         assert abs(plan / measured - 1) <= 0.15, (tokens, plan, measured, terms)
-    assert planned_gib(standin, 2048)["step"] > 0 and planned_gib(standin, 8192)["step"] == 0  # both regimes
+    assert planned_gib(standin, 2048)["step"] > 0 and planned_gib(standin, 8192)["step"] > 0  # see the docstring

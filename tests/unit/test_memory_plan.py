@@ -6,6 +6,7 @@ import pytest
 from hybrid_core.config import RunConfig
 from hybrid_core.memory_plan import (GIB, ModelShape, estimate_memory, fit_summary, model_shape,
                                      optimizer_bytes_per_param, render_memory, trainer_bytes)
+from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
 
 H200_GIB = 139.8
 

@@ -12,6 +12,7 @@ from hybrid_core.memory_plan import GIB, model_shape, trainer_bytes
 from hybrid_core.plan import preflight_problems, render_plan
 from hybrid_core.workers.rank_group import sharded_rows
 from tests.conftest import REPO_ROOT
+from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
 
 INPUTS = {"data": {"prompt_dataset": str(REPO_ROOT / "data" / "demo_prompts.jsonl")},
           "reward": {"remote_url": str(REPO_ROOT / "data" / "letters_reward.py")}}

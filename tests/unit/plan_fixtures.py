@@ -1,4 +1,5 @@
-"""Unit tests' shared fixtures."""
+"""A fixture the memory-plan tests share: import `logprob_kernels` into a test module to apply it there (not a
+conftest.py: the integration tests import the root conftest by its module name, which a second one would shadow)."""
 import pytest
 
 

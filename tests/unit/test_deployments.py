@@ -39,6 +39,13 @@ def test_a_broken_parameter_set_fails_the_build_step_naming_the_field(tmp_path):
         read_parameters(str(tmp_path / "bad.yaml"))
 
 
+def test_every_deployment_runs_in_the_checkout_not_a_temporary_directory():
+    # the process worker's default, a temporary directory per flow run, was once gone before a retried run's pull
+    # step read its working directory
+    for name, deployment in deployments().items():
+        assert deployment["work_pool"]["job_variables"] == {"working_dir": "{{ $PWD }}"}, name
+
+
 def test_the_demo_deployment_runs_the_demo_on_the_cpu_pool():
     demo = deployments()["demo-cpu"]
     assert (demo["entrypoint"], demo["work_pool"]["name"]) == ("flows/rl_train.py:rl_train", "hybrid-cpu")

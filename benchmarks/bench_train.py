@@ -8,7 +8,6 @@ uniformly drawn lengths in [256, 3840], 64 samples (one optimizer step), ZeRO-2 
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -17,7 +16,6 @@ from pathlib import Path
 
 from bench_common import single_rank_trainer, timed
 
-KERNEL_ENV = "HYBRID_LOGPROB_KERNEL"  # engines.logprob_kernel's switch (read at every chunk)
 NUM_SAMPLES, PROMPT_TOKENS, RESPONSE_RANGE, TOKEN_BUDGET, TIMED_STEPS = 64, 256, (256, 3840), 16384, 3
 
 
@@ -63,23 +61,13 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     (`param_dtype` fp32 runs it on CPU: a smoke test of the code path, not a measurement.) `profile`: one more
     step, untimed, under torch.profiler; its busiest operators are printed (where the time beyond the matmuls goes).
     `head_kernel`: `HYBRID_LOGPROB_KERNEL` for this run (`torch`: the head's maths in PyTorch ops, `..._torch_head`)."""
-    with _logprob_kernel(head_kernel):
+    from unittest import mock
+
+    from hybrid_core.engines.logprob_kernel import KERNEL_ENV
+
+    with mock.patch.dict(os.environ, {KERNEL_ENV: head_kernel} if head_kernel else {}):
         _bench_train_mfu(results, model_dir, name, tflops, packed, param_dtype, token_budget, checkpointing, profile,
                          liger, suffix="_torch_head" if head_kernel == "torch" else "")
-
-
-@contextlib.contextmanager
-def _logprob_kernel(choice: str | None):
-    previous = os.environ.get(KERNEL_ENV)
-    if choice is not None:
-        os.environ[KERNEL_ENV] = choice
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(KERNEL_ENV, None)
-        else:
-            os.environ[KERNEL_ENV] = previous
 
 
 def _bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: bool, param_dtype: str,

@@ -32,17 +32,13 @@ def _gbps(copy, num_bytes: int) -> list[float]:
 
 
 def _chunked(device, host, chunk: int, streams: list):
-    def copy() -> None:
-        for index, start in enumerate(range(0, host.numel(), chunk)):
-            with torch_stream(streams[index % len(streams)]):
-                device[start:start + chunk].copy_(host[start:start + chunk], non_blocking=True)
-    return copy
-
-
-def torch_stream(stream):
     import torch
 
-    return torch.cuda.stream(stream)
+    def copy() -> None:
+        for index, start in enumerate(range(0, host.numel(), chunk)):
+            with torch.cuda.stream(streams[index % len(streams)]):
+                device[start:start + chunk].copy_(host[start:start + chunk], non_blocking=True)
+    return copy
 
 
 def machine_layout() -> dict:

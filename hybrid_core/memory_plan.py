@@ -140,6 +140,7 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
 def runs_logprob_kernels(cfg: RunConfig) -> bool:
     """Whether the vocabulary head's maths runs in the fused Triton kernels (`engines/logprob_kernel`): on CUDA
     where Triton is installed, unless HYBRID_LOGPROB_KERNEL=torch."""
+    # engines.logprob_kernel.KERNEL_ENV, by name: the plan imports no engine (that module imports Triton)
     return cfg.train.device == "cuda" and os.environ.get("HYBRID_LOGPROB_KERNEL", "triton") != "torch" \
         and triton_installed()
 

@@ -13,8 +13,9 @@ Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
   (`train1p7b` / `train4b` alone measure one model's MFU on the default path; `train1p7b_torch_head` the 1.7B
   with the head's maths in PyTorch ops; `train_liger` both with --ds.use_liger_kernel)
-  python3 benchmarks/run_all.py --model DIR --only logprob_kernel,h2d --out FILE.json  (no DeepSpeed or vLLM:
-  the head's kernels against PyTorch's ops, and where large host-to-device copies lose speed)
+  python3 benchmarks/run_all.py --model DIR --only logprob_kernel,h2d,wake_copy --out FILE.json  (no DeepSpeed or
+  vLLM: the head's kernels against PyTorch's ops, where large host-to-device copies lose speed, and the wake's copy
+  by the copy engine against the multiprocessors' kernel)
   python3 benchmarks/run_all.py --model DIR4B --model-4b DIR4B --only long_context --out FILE.json
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
@@ -187,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         from probe_host_copies import probe_host_copies
 
         results.section("h2d", lambda: probe_host_copies(results))
+    if "wake_copy" in sections:
+        from probe_wake_copy import probe_wake_copy
+
+        results.section("wake_copy", lambda: probe_wake_copy(results))
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 

@@ -58,11 +58,15 @@ def copy_pinned_to_device(target: torch.Tensor, source: torch.Tensor, *, block_w
     `sm_copy_applies`, else by `target.copy_(source, non_blocking=True)`. Returns `target`."""
     if not sm_copy_applies(target, source):
         return target.copy_(source, non_blocking=True)
+    return launch_copy_kernel(target, source, block_words=block_words, num_warps=num_warps)
+
+
+def launch_copy_kernel(target: torch.Tensor, source: torch.Tensor, *, block_words: int = BLOCK_WORDS,
+                       num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """The kernel's launch for two contiguous tensors of the same bytes, a multiple of 4; no check of where they
+    live (Triton's interpreter runs it on CPU tensors). Returns `target`."""
     num_words = source.numel() * source.element_size() // WORD_BYTES
-    if num_words == 0:
-        return target
-    grid = (triton.cdiv(num_words, block_words),)
-    _copy_kernel[grid](source.view(torch.int32) if source.dtype != torch.int32 else source,
-                       target.view(torch.int32) if target.dtype != torch.int32 else target,
-                       num_words, BLOCK_SIZE=block_words, num_warps=num_warps)
+    if num_words > 0:
+        _copy_kernel[(triton.cdiv(num_words, block_words),)](source.view(torch.int32), target.view(torch.int32),
+                                                             num_words, BLOCK_SIZE=block_words, num_warps=num_warps)
     return target

@@ -6,8 +6,10 @@ engine start in a background thread (overlapped with model loading) and timed se
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from unittest import mock
 
 from bench_common import single_rank_trainer, timed
 
@@ -90,6 +92,7 @@ def bench_ds_sleep(results, model_dir: Path) -> None:
     results.figure("ds_sleep_gbps", moved / 1e9 / max(sleeps), trials=[moved / 1e9 / s for s in sleeps])
     results.figure("ds_wake_gbps", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes])
     _wake_after_pause(results, trainer)
+    _wake_by_copy_engine(results, trainer)
     _deepspeed_baseline(results, trainer, moved)
     del trainer
     torch.cuda.empty_cache()
@@ -106,6 +109,21 @@ def _wake_after_pause(results, trainer) -> None:
     moved = trainer.state_mover.last_bytes
     results.figure("ds_wake_gbps_after_pause", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes],
                    note=f"each wake {WAKE_PAUSE_S} s after its sleep")
+
+
+def _wake_by_copy_engine(results, trainer) -> None:
+    """The wake at once after its sleep with the copy engine's `copy_` (`HYBRID_WAKE_COPY=engine`, the path before
+    `pinned_copy`'s kernel), beside the default's `ds_wake_gbps`."""
+    from hybrid_core.engines.pinned_copy import COPY_ENV
+
+    wakes = []
+    with mock.patch.dict(os.environ, {COPY_ENV: "engine"}):
+        for _ in range(CALLS):
+            trainer.sleep()
+            wakes.append(_timed(lambda: trainer.wake_up()))
+    moved = trainer.state_mover.last_bytes
+    results.figure("ds_wake_gbps_copy_engine", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes],
+                   note="each wake at once after its sleep, copied by the copy engine")
 
 
 def _deepspeed_baseline(results, trainer, moved: int) -> None:

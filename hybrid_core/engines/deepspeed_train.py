@@ -257,7 +257,7 @@ class DeepSpeedTrainEngine:
         self.finish_sleep()
         if self.state_mover is None or not self.state_mover.asleep or self._waking is not None:
             return
-        self._waking = self._waker.submit(self.state_mover.wake_up)
+        self._waking = self._waker.submit(self.state_mover.wake_up, beside_compute=True)
 
     def wake_up(self) -> int:
         if self.state_mover is not None and self.is_zero3 and self.engine.optimizer.offloaded_states:

@@ -3,7 +3,8 @@
 Owns one page-locked host buffer per train engine, allocated once when the worker starts (in a background thread,
 overlapped with model loading), and the moves: sleep copies every state into that buffer (on a side stream, so the
 caller's next GPU work can run beside the copy) and frees the GPU copies once it is done; wake allocates one GPU
-block, copies the whole buffer back in one transfer and points the states at views of it.
+block, copies the whole buffer back in one transfer (by `pinned_copy`'s kernel on the multiprocessors, which the
+driver's work on memory a sleep just freed does not slow) and points the states at views of it.
 DeepSpeed's own `offload_states` allocates pinned memory on its first call (17–23 s for 20 GB on an H200) and per
 tensor afterwards, and under ZeRO-3 it refuses a torch optimizer (it moves only its FusedAdam's states); this avoids
 all three. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.
@@ -199,16 +200,23 @@ class OptimizerStateMover:
         self.start_sleep()
         return self.finish_sleep()
 
-    def wake_up(self) -> int:
-        """Bring every state back to the GPU (one allocation, one copy); returns the bytes moved."""
+    def wake_up(self, beside_compute: bool = False) -> int:
+        """Bring every state back to the GPU (one allocation, one copy); returns the bytes moved.
+
+        At once (the default) the copy runs on the multiprocessors (`pinned_copy`), which keep the link's rate into
+        memory a sleep or vLLM just freed. `beside_compute` (a wake started ahead, in a background thread, while the
+        caller's forwards run) leaves the multiprocessors to them: the copy engine copies, on the side stream, so
+        the forwards queued on the default stream do not wait for it nor it for them."""
         self.finish_sleep()
         if not self.asleep:
             return 0
         total, start = self.last_bytes, time.perf_counter()
-        block = torch.empty(_aligned(total), dtype=torch.uint8, device="cuda")
-        allocated = time.perf_counter()
-        block.copy_(self.host.get()[:block.numel()], non_blocking=True)
-        torch.cuda.synchronize()
+        self._stream = self._stream or torch.cuda.Stream()
+        with torch.cuda.stream(self._stream if beside_compute else torch.cuda.current_stream()):
+            block = torch.empty(_aligned(total), dtype=torch.uint8, device="cuda")
+            allocated = time.perf_counter()
+            self._copy_in(block, beside_compute)
+            torch.cuda.current_stream().synchronize()
         copied = time.perf_counter()
         for slot in self._layout:
             slot.set(self._view(block, slot))
@@ -217,3 +225,12 @@ class OptimizerStateMover:
         self.last_wake_seconds = {"allocate": allocated - start, "copy": copied - allocated,
                                   "relink": time.perf_counter() - copied}
         return total
+
+    def _copy_in(self, block: torch.Tensor, beside_compute: bool) -> None:
+        host = self.host.get()[:block.numel()]
+        if beside_compute:
+            block.copy_(host, non_blocking=True)
+            return
+        from hybrid_core.engines.pinned_copy import copy_pinned_to_device  # imports Triton: CUDA only
+
+        copy_pinned_to_device(block, host)

@@ -113,7 +113,7 @@ def _wake_after_pause(results, trainer) -> None:
 
 def _wake_by_copy_engine(results, trainer) -> None:
     """The wake at once after its sleep with the copy engine's `copy_` (`HYBRID_WAKE_COPY=engine`, the path before
-    `pinned_copy`'s kernel), beside the default's `ds_wake_gbps`."""
+    `pinned_copy`'s kernel), beside the default's `ds_wake_gbps` (the kernel, right after the sleep's free)."""
     from hybrid_core.engines.pinned_copy import COPY_ENV
 
     wakes = []

@@ -24,13 +24,13 @@ def _check(device, host) -> bool:
 def _method(name: str, host):
     import torch
 
-    from hybrid_core.engines.pinned_copy import copy_pinned_to_device
+    from hybrid_core.engines.pinned_copy import launch_copy_kernel
 
     if name == "engine":
         return lambda block: block.copy_(host, non_blocking=True)
     if name.startswith("sm"):
         block_words, warps = (int(x) for x in name.split("_")[1:])
-        return lambda block: copy_pinned_to_device(block, host, block_words=block_words, num_warps=warps)
+        return lambda block: launch_copy_kernel(block, host, block_words=block_words, num_warps=warps)
     share = float(name.split("_")[1])  # split_F: the kernel moves the first F of the bytes, the engine the rest
     side = torch.cuda.Stream()
     cut = int(host.numel() * share) // 256 * 256
@@ -38,7 +38,7 @@ def _method(name: str, host):
     def split(block) -> None:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            copy_pinned_to_device(block[:cut], host[:cut])
+            launch_copy_kernel(block[:cut], host[:cut])
         block[cut:].copy_(host[cut:], non_blocking=True)
         torch.cuda.current_stream().wait_stream(side)
     return split

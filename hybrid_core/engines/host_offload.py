@@ -3,14 +3,15 @@
 Owns one page-locked host buffer per train engine, allocated once when the worker starts (in a background thread,
 overlapped with model loading), and the moves: sleep copies every state into that buffer (on a side stream, so the
 caller's next GPU work can run beside the copy) and frees the GPU copies once it is done; wake allocates one GPU
-block, copies the whole buffer back in one transfer (by `pinned_copy`'s kernel on the multiprocessors, which the
-driver's work on memory a sleep just freed does not slow) and points the states at views of it.
+block, copies the whole buffer back in one transfer (right after the sleep's free by `pinned_copy`'s kernel on the
+multiprocessors, which the driver's clean-up of the freed memory does not slow) and points the states at views of it.
 DeepSpeed's own `offload_states` allocates pinned memory on its first call (17–23 s for 20 GB on an H200) and per
 tensor afterwards, and under ZeRO-3 it refuses a torch optimizer (it moves only its FusedAdam's states); this avoids
 all three. The bf16 weights stay on the GPU. It knows nothing about RL, Ray or vLLM.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ class OptimizerStateMover:
         self.last_bytes, self.last_seconds, self.last_wake_seconds = 0, {}, {}
         self._stream: torch.cuda.Stream | None = None  # the side stream sleep's copy runs on
         self._copy: _Copy | None = None  # a sleep started and not finished
+        self._freed_at = -math.inf  # perf_counter() when the last sleep gave its GPU memory back
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -187,6 +189,7 @@ class OptimizerStateMover:
             slot.set(self._view(host, slot))
         self._block, self.asleep, self.last_bytes = None, True, copy.total
         torch.cuda.empty_cache()  # the freed memory goes back to the driver, for vLLM's process
+        self._freed_at = time.perf_counter()
         self.last_seconds = {"copy": copied - copy.started, "release": time.perf_counter() - copied}
         return copy.total
 
@@ -203,10 +206,11 @@ class OptimizerStateMover:
     def wake_up(self, beside_compute: bool = False) -> int:
         """Bring every state back to the GPU (one allocation, one copy); returns the bytes moved.
 
-        At once (the default) the copy runs on the multiprocessors (`pinned_copy`), which keep the link's rate into
-        memory a sleep or vLLM just freed. `beside_compute` (a wake started ahead, in a background thread, while the
-        caller's forwards run) leaves the multiprocessors to them: the copy engine copies, on the side stream, so
-        the forwards queued on the default stream do not wait for it nor it for them."""
+        At once (the default) `pinned_copy` chooses the copy: on the multiprocessors when this mover's sleep freed
+        the memory moments ago (the driver's clean-up then slows the copy engines), else by the copy engine.
+        `beside_compute` (a wake started ahead, in a background thread, while the caller's forwards run) leaves the
+        multiprocessors to them: the copy engine copies, on the side stream, so the forwards queued on the default
+        stream do not wait for it nor it for them."""
         self.finish_sleep()
         if not self.asleep:
             return 0
@@ -233,4 +237,4 @@ class OptimizerStateMover:
             return
         from hybrid_core.engines.pinned_copy import copy_pinned_to_device  # imports Triton: CUDA only
 
-        copy_pinned_to_device(block, host)
+        copy_pinned_to_device(block, host, seconds_since_free=time.perf_counter() - self._freed_at)

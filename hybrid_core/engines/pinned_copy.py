@@ -1,15 +1,19 @@
-"""Host-to-device copies of page-locked memory by the GPU's streaming multiprocessors instead of its copy engines.
+"""Host-to-device copies of page-locked memory by the GPU's streaming multiprocessors instead of its copy engines,
+for the moments when the copy engines are slow.
 
 Owns one Triton kernel that reads a pinned host buffer through unified addressing (a pinned allocation is mapped into
-the device's address space) and writes a device block, and which copies take it (`sm_copy_applies`). A copy engine
-moves a large pinned buffer at the link's rate (55 GB/s on an H200's PCIe 5) into a reused block, but into a block
-allocated just after another was freed it ran at 48.9 GB/s (s30 probe): the driver's work on the freed memory shares
-the copy engines for about half a second. The kernel does not use them. `HYBRID_WAKE_COPY=engine` keeps the copy
-engine's `copy_`; any other value than `sm` or `engine` is refused.
-It knows nothing about optimizers, DeepSpeed or what the bytes are.
+the device's address space) and writes a device block, and which copies take it (`sm_copy_applies`). On an H200
+(PCIe 5) a copy engine moves a 20.6 GB pinned buffer at 55 GB/s and the kernel at 51 (its reads go out in 128-byte
+requests). Right after a large free the driver's clean-up of the freed memory shares the copy engines: the copy
+engine's rate into a fresh block was 43.6–45.6 GB/s at once, 46.7 after 10 ms, 52.1 after 50 ms and 55 after
+100 ms, while the kernel kept 49.3–50.2 (s31 probe, `benchmarks/probe_wake_copy.py`). So by default (`auto`) the
+kernel copies only when the caller freed memory less than `DRIVER_BUSY_S` before; `HYBRID_WAKE_COPY=sm` or `engine`
+forces one way, any other value is refused.
+It knows nothing about optimizers, DeepSpeed or what the bytes are, nor about frees other than the one it is told of.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -17,7 +21,8 @@ import triton
 import triton.language as tl
 
 COPY_ENV = "HYBRID_WAKE_COPY"
-COPY_CHOICES = ("sm", "engine")
+COPY_CHOICES = ("auto", "sm", "engine")
+DRIVER_BUSY_S = 0.03  # after a free, below this the kernel beats the copy engine (the crossing of the s31 curves)
 WORD_BYTES = 4  # the kernel moves int32 words; 4 per thread per load make a 16-byte access
 ALIGN_BYTES = 16
 BLOCK_WORDS = 16384  # 64 KB per program
@@ -34,31 +39,35 @@ def _copy_kernel(source_ptr, target_ptr, num_words, BLOCK_SIZE: tl.constexpr):
 
 
 def copy_choice() -> str:
-    """Which way a wake's copy runs: `sm` (the kernel, the default) or `engine` (the copy engine's `copy_`)."""
-    choice = os.environ.get(COPY_ENV, "sm")
+    """How a pinned copy runs: `auto` (the default: the kernel right after a free, else the copy engine), `sm` (the
+    kernel) or `engine` (the copy engine's `copy_`)."""
+    choice = os.environ.get(COPY_ENV, "auto")
     if choice not in COPY_CHOICES:
         raise ValueError(f"{COPY_ENV} must be one of {list(COPY_CHOICES)}: got {choice!r}; unset it for the default "
-                         "'sm' (streaming multiprocessors) or set 'engine' for the copy engine")
+                         "'auto', or set 'sm' (streaming multiprocessors) or 'engine' (the copy engine)")
     return choice
 
 
-def sm_copy_applies(target: torch.Tensor, source: torch.Tensor) -> bool:
+def sm_copy_applies(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf) -> bool:
     """The kernel takes a copy from a pinned host tensor to a CUDA tensor of the same bytes, both contiguous and
-    16-byte aligned in address and size, unless the copy engine is asked for."""
-    return copy_choice() == "sm" and target.is_cuda and not source.is_cuda and source.is_pinned() \
+    16-byte aligned in address and size, when the choice is `sm`, or `auto` with the caller's last free less than
+    `DRIVER_BUSY_S` ago."""
+    choice = copy_choice()
+    wanted = choice == "sm" or (choice == "auto" and seconds_since_free < DRIVER_BUSY_S)
+    return wanted and target.is_cuda and not source.is_cuda and source.is_pinned() \
         and target.is_contiguous() and source.is_contiguous() \
         and target.numel() * target.element_size() == source.numel() * source.element_size() \
         and all(t.data_ptr() % ALIGN_BYTES == 0 for t in (target, source)) \
         and (source.numel() * source.element_size()) % ALIGN_BYTES == 0
 
 
-def copy_pinned_to_device(target: torch.Tensor, source: torch.Tensor, *, block_words: int = BLOCK_WORDS,
-                          num_warps: int = NUM_WARPS) -> torch.Tensor:
+def copy_pinned_to_device(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf) \
+        -> torch.Tensor:
     """Copy `source` (pinned host) into `target` (CUDA) on the current stream: by the kernel where
     `sm_copy_applies`, else by `target.copy_(source, non_blocking=True)`. Returns `target`."""
-    if not sm_copy_applies(target, source):
+    if not sm_copy_applies(target, source, seconds_since_free):
         return target.copy_(source, non_blocking=True)
-    return launch_copy_kernel(target, source, block_words=block_words, num_warps=num_warps)
+    return launch_copy_kernel(target, source)
 
 
 def launch_copy_kernel(target: torch.Tensor, source: torch.Tensor, *, block_words: int = BLOCK_WORDS,

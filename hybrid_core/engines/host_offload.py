@@ -102,6 +102,15 @@ class OptimizerStateMover:
         self._stream: torch.cuda.Stream | None = None  # the side stream sleep's copy runs on
         self._copy: _Copy | None = None  # a sleep started and not finished
         self._freed_at = -math.inf  # perf_counter() when the last sleep gave its GPU memory back
+        self.kernel_warm_up_seconds = self._warm_up_copy_kernel()
+
+    @staticmethod
+    def _warm_up_copy_kernel() -> float:
+        """Compile `pinned_copy`'s kernel now, with the engine, so that the first wake at once after a sleep (which
+        takes the kernel) does not; 0.0 when the copy engine is forced."""
+        from hybrid_core.engines.pinned_copy import copy_choice, warm_up_kernel  # imports Triton: CUDA only
+
+        return warm_up_kernel() if copy_choice() != "engine" else 0.0
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -190,7 +199,7 @@ class OptimizerStateMover:
         self._block, self.asleep, self.last_bytes = None, True, copy.total
         torch.cuda.empty_cache()  # the freed memory goes back to the driver, for vLLM's process
         self._freed_at = time.perf_counter()
-        self.last_seconds = {"copy": copied - copy.started, "release": time.perf_counter() - copied}
+        self.last_seconds = {"copy": copied - copy.started, "release": self._freed_at - copied}
         return copy.total
 
     @property

@@ -3,22 +3,16 @@ entropy and gradients (fp32 and bf16 logits, each output alone and both, masked 
 multiple of the block, by hand), run by Triton's interpreter on CPU tensors in a child process
 (`logprob_kernel_interpreted.py`: the interpreter is chosen when the kernels are defined); which chunks take them;
 the choice's error. The same comparison on the GPU at Qwen3's vocabulary: tests/gpu/test_chunked_head_gpu.py."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from hybrid_core.engines.logprob_kernel import fused_applies, kernel_choice
-from tests.conftest import REPO_ROOT
+from tests.unit.engines.triton_interpreter import run_interpreted
 
 
 def test_the_kernels_match_the_pytorch_maths_under_the_interpreter():
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    script = REPO_ROOT / "tests" / "unit" / "engines" / "logprob_kernel_interpreted.py"
-    run = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_interpreted("logprob_kernel_interpreted.py")
     assert run.returncode == 0, run.stdout + run.stderr
     cases = [f"ok torch.{dtype} {outputs}" for dtype in ("float32", "bfloat16")
              for outputs in ("logprobs", "entropy", "both")]

@@ -1,26 +1,19 @@
 """Unit tests for hybrid_core.engines.pinned_copy: the kernel copies every byte and nothing past its target, run
 by Triton's interpreter on CPU tensors in a child process (`pinned_copy_interpreted.py`); which copies take it
 (CUDA target and pinned source only, aligned, right after a free under `auto` or always under `sm`, never under
-`engine`); the copy engine's fallback; the
-choice's error. The kernel on the GPU at the wake's size: benchmarks/probe_wake_copy.py and bench_ds_sleep."""
+`engine`); the copy engine's fallback; the choice's error. The kernel on the GPU at the wake's size: benchmarks/probe_wake_copy.py and bench_ds_sleep."""
 import math
-import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
 import torch
 
 from hybrid_core.engines.pinned_copy import DRIVER_BUSY_S, copy_choice, copy_pinned_to_device, sm_copy_applies
-from tests.conftest import REPO_ROOT
+from tests.unit.engines.triton_interpreter import run_interpreted
 
 
 def test_the_kernel_copies_every_byte_and_nothing_past_its_target_under_the_interpreter():
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    script = REPO_ROOT / "tests" / "unit" / "engines" / "pinned_copy_interpreted.py"
-    run = subprocess.run([sys.executable, "-W", "ignore", str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    run = run_interpreted("pinned_copy_interpreted.py")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.splitlines() == ["ok 0 256 torch.uint8", "ok 4 256 torch.uint8", "ok 4000 256 torch.uint8",
                                        "ok 4096 256 torch.int32", "ok 3108 64 torch.bfloat16", "ok warm up"]

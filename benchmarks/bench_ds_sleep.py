@@ -91,39 +91,30 @@ def bench_ds_sleep(results, model_dir: Path) -> None:
     results.figure("ds_first_sleep_s", sleeps[0], trials=sleeps)
     results.figure("ds_sleep_gbps", moved / 1e9 / max(sleeps), trials=[moved / 1e9 / s for s in sleeps])
     results.figure("ds_wake_gbps", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes])
-    _wake_after_pause(results, trainer)
-    _wake_by_copy_engine(results, trainer)
+    # the wake as an iteration sees it: seconds after the sleep (rollout, reward and experience run between them)
+    _wake_variant(results, trainer, "ds_wake_gbps_after_pause", f"each wake {WAKE_PAUSE_S} s after its sleep",
+                  pause_s=WAKE_PAUSE_S)
+    # the copy engine's copy_, the path before pinned_copy's kernel, beside the default's ds_wake_gbps
+    _wake_variant(results, trainer, "ds_wake_gbps_copy_engine",
+                  "each wake at once after its sleep, copied by the copy engine", copy="engine")
     _deepspeed_baseline(results, trainer, moved)
     del trainer
     torch.cuda.empty_cache()
 
 
-def _wake_after_pause(results, trainer) -> None:
-    """The wake as an iteration sees it: seconds after the sleep (the rollout, reward and experience stages run
-    between them), not at once. `WAKE_PAUSE_S` between each sleep and wake; GB/s of the slowest of `CALLS` wakes."""
-    wakes = []
-    for _ in range(CALLS):
-        trainer.sleep()
-        time.sleep(WAKE_PAUSE_S)
-        wakes.append(_timed(lambda: trainer.wake_up()))
-    moved = trainer.state_mover.last_bytes
-    results.figure("ds_wake_gbps_after_pause", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes],
-                   note=f"each wake {WAKE_PAUSE_S} s after its sleep")
-
-
-def _wake_by_copy_engine(results, trainer) -> None:
-    """The wake at once after its sleep with the copy engine's `copy_` (`HYBRID_WAKE_COPY=engine`, the path before
-    `pinned_copy`'s kernel), beside the default's `ds_wake_gbps` (the kernel, right after the sleep's free)."""
+def _wake_variant(results, trainer, name: str, note: str, pause_s: float = 0.0, copy: str | None = None) -> None:
+    """`CALLS` sleeps, each followed `pause_s` later by a timed wake (`copy`: `HYBRID_WAKE_COPY` for them); GB/s of
+    the slowest wake, as figure `name`."""
     from hybrid_core.engines.pinned_copy import COPY_ENV
 
     wakes = []
-    with mock.patch.dict(os.environ, {COPY_ENV: "engine"}):
+    with mock.patch.dict(os.environ, {COPY_ENV: copy} if copy else {}):
         for _ in range(CALLS):
             trainer.sleep()
+            time.sleep(pause_s)
             wakes.append(_timed(lambda: trainer.wake_up()))
     moved = trainer.state_mover.last_bytes
-    results.figure("ds_wake_gbps_copy_engine", moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes],
-                   note="each wake at once after its sleep, copied by the copy engine")
+    results.figure(name, moved / 1e9 / max(wakes), trials=[moved / 1e9 / s for s in wakes], note=note)
 
 
 def _deepspeed_baseline(results, trainer, moved: int) -> None:

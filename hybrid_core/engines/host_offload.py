@@ -99,18 +99,24 @@ class OptimizerStateMover:
     def __init__(self, zero_optimizer, host: PinnedHostBuffer):
         self.opt, self.host, self.asleep, self._block = zero_optimizer, host, False, None
         self.last_bytes, self.last_seconds, self.last_wake_seconds = 0, {}, {}
-        self._stream: torch.cuda.Stream | None = None  # the side stream sleep's copy runs on
+        self._stream: torch.cuda.Stream | None = None  # `_side_stream`, once made
         self._copy: _Copy | None = None  # a sleep started and not finished
         self._freed_at = -math.inf  # perf_counter() when the last sleep gave its GPU memory back
-        self.kernel_warm_up_seconds = self._warm_up_copy_kernel()
+        self._warm_up_copy_kernel()
 
     @staticmethod
-    def _warm_up_copy_kernel() -> float:
+    def _warm_up_copy_kernel() -> None:
         """Compile `pinned_copy`'s kernel now, with the engine, so that the first wake at once after a sleep (which
-        takes the kernel) does not; 0.0 when the copy engine is forced."""
+        takes the kernel) does not; nothing when the copy engine is forced."""
         from hybrid_core.engines.pinned_copy import copy_choice, warm_up_kernel  # imports Triton: CUDA only
 
-        return warm_up_kernel() if copy_choice() != "engine" else 0.0
+        if copy_choice() != "engine":
+            warm_up_kernel()
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        """The stream a sleep's copy (and a wake beside compute) runs on, made at first use."""
+        self._stream = self._stream or torch.cuda.Stream()
+        return self._stream
 
     def _slots(self) -> list[_Slot]:
         slots, offset = [], 0
@@ -173,16 +179,16 @@ class OptimizerStateMover:
         if total > host.numel():
             raise RuntimeError(f"DeepSpeed sleep needs {total / 1e9:.2f} GB of host buffer, {host.numel() / 1e9:.2f} "
                                "GB were allocated at start; report this (unexpected optimizer state)")
-        self._stream = self._stream or torch.cuda.Stream()
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
+        side = self._side_stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
             if self._still_in_block():  # states are the views of one GPU block `wake_up` made: one transfer
                 host[:self._block.numel()].copy_(self._block, non_blocking=True)
             else:
                 for slot in self._layout:
                     self._view(host, slot).copy_(slot.get(), non_blocking=True)
             done = torch.cuda.Event()
-            done.record(self._stream)
+            done.record(side)
         self._copy = _Copy(done=done, total=total, started=start)
 
     def finish_sleep(self) -> int:
@@ -224,12 +230,12 @@ class OptimizerStateMover:
         if not self.asleep:
             return 0
         total, start = self.last_bytes, time.perf_counter()
-        self._stream = self._stream or torch.cuda.Stream()
-        with torch.cuda.stream(self._stream if beside_compute else torch.cuda.current_stream()):
+        stream = self._side_stream() if beside_compute else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
             block = torch.empty(_aligned(total), dtype=torch.uint8, device="cuda")
             allocated = time.perf_counter()
             self._copy_in(block, beside_compute)
-            torch.cuda.current_stream().synchronize()
+            stream.synchronize()
         copied = time.perf_counter()
         for slot in self._layout:
             slot.set(self._view(block, slot))

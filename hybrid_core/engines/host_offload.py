@@ -225,7 +225,8 @@ class OptimizerStateMover:
         the memory moments ago (the driver's clean-up then slows the copy engines), else by the copy engine.
         `beside_compute` (a wake started ahead, in a background thread, while the caller's forwards run) leaves the
         multiprocessors to them: the copy engine copies, on the side stream, so the forwards queued on the default
-        stream do not wait for it nor it for them."""
+        stream do not wait for it nor it for them. The states are relinked while the copy runs (`_relink`);
+        `last_wake_seconds["copy"]` counts from the copy's launch to its end, the relink's host time within it."""
         self.finish_sleep()
         if not self.asleep:
             return 0
@@ -235,15 +236,22 @@ class OptimizerStateMover:
             block = torch.empty(_aligned(total), dtype=torch.uint8, device="cuda")
             allocated = time.perf_counter()
             self._copy_in(block, beside_compute)
+            launched = time.perf_counter()
+            self._relink(block)
+            linked = time.perf_counter()
             stream.synchronize()
-        copied = time.perf_counter()
+        self.last_wake_seconds = {"allocate": allocated - start, "copy": time.perf_counter() - allocated,
+                                  "relink": linked - launched}
+        return total
+
+    def _relink(self, block: torch.Tensor) -> None:
+        """Point every state at its view of `block` and rebuild DeepSpeed's fp32↔bf16 fragment links: host work on
+        views only (no GPU kernel), done while the copy into `block` runs; nothing reads the states before the
+        wake's synchronize. It took 6–10 ms of the 1.7B shape's wake after the copy (s32)."""
         for slot in self._layout:
             slot.set(self._view(block, slot))
         self._block, self.asleep = block, False
         self.opt._link_all_hp_params()
-        self.last_wake_seconds = {"allocate": allocated - start, "copy": copied - allocated,
-                                  "relink": time.perf_counter() - copied}
-        return total
 
     def _copy_in(self, block: torch.Tensor, beside_compute: bool) -> None:
         host = self.host.get()[:block.numel()]

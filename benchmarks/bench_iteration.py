@@ -4,6 +4,8 @@ vLLM, DeepSpeed, a Python reward), timed per stage, and the memory plan's peak c
 - iteration: 3 steps on the stand-in; per step the stages' seconds (rollout, reward, advantage, train, sync) with
   the sleep/wake inside them, and the wall between consecutive metrics commits (events.jsonl). Steps 2–3 count
   (step 1 warms up). Overhead = vLLM sleep + wake + DeepSpeed sleep + wake + sync + orchestration (wall − stages).
+  Each step's generation against its decode roofline (issue 17: ≥ 60% in every step), from its committed rollout
+  and the device copy bandwidth measured once the run has left the GPU.
 - memory: two configurations, one where vLLM's reservation sets the peak and one where DeepSpeed's training does;
   the measured peak is the largest `memory.used` that `nvidia-smi -lms 50` reports during the run (a sampler that
   opens no CUDA context of its own), against `hybrid plan`'s estimate for the same configuration.
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "benchmarks" / "configs"
@@ -91,9 +94,11 @@ def step_walls(run_dir: Path) -> dict[int, float]:
     return {k: done[k] - done[k - 1] for k in sorted(done) if k - 1 in done}
 
 
-def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...] = ()) -> None:
+def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...] = (),
+                    measure_copy_gbps: Callable[[], float] | None = None) -> None:
     """Figures from the steps the run committed, even when it was cut off (then from fewer steps); `flags` are
-    extra `hybrid train` flags (recorded in the results)."""
+    extra `hybrid train` flags (recorded in the results). `measure_copy_gbps` (run once the run has ended and left
+    the GPU) gives the device copy bandwidth of the generation's roofline."""
     run_dir = root / "runs" / "iteration"
     results.data["meta"]["iteration_flags"] = list(flags)
     try:
@@ -101,6 +106,40 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
     finally:
         if (run_dir / "events.jsonl").is_file():
             _iteration_figures(results, run_dir)
+            if measure_copy_gbps is not None:
+                _generation_figures(results, run_dir, model_dir, measure_copy_gbps())
+
+
+def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> dict[int, dict]:
+    """Per step: the rollout's generation rate (its response tokens over the engine's generate seconds) against the
+    decode roofline of that step's batch (bench_vllm's: every decode step reads the weights and each sequence's KV
+    cache at the batch's mean context, prompt + half the response, at `copy_gbps`), every sequence decoding at once."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pds
+    from bench_vllm import _roofline
+
+    figures = {}
+    for step, row in rows.items():
+        rollout = pds.dataset(str(run_dir / "steps" / str(step) / "rollout"), format="parquet")
+        table = rollout.to_table(columns=["prompt_ids", "response_ids"])
+        mean_length = {name: pc.mean(pc.list_value_length(table.column(name))).as_py()
+                       for name in ("prompt_ids", "response_ids")}
+        mean_context = mean_length["prompt_ids"] + mean_length["response_ids"] / 2
+        roofline, _ = _roofline(model_dir, copy_gbps, table.num_rows, mean_context=mean_context)
+        tok_s = row["tokens"] / row["timing_s/generate"]
+        figures[step] = {"tok_s": tok_s, "roofline_tok_s": roofline, "fraction": tok_s / roofline,
+                         "sequences": table.num_rows, "mean_context": mean_context}
+    return figures
+
+
+def _generation_figures(results, run_dir: Path, model_dir: Path, copy_gbps: float) -> None:
+    per_step = generation_vs_roofline(run_dir, step_rows(run_dir), model_dir, copy_gbps)
+    timed = [k for k in sorted(per_step) if k >= 2]
+    results.figure("iteration_gen_copy_gbps", copy_gbps, note="device copy, read + write bytes, after the run")
+    if timed:
+        results.figure("iteration_gen_fraction_of_roofline", min(per_step[k]["fraction"] for k in timed),
+                       trials=per_step, note="the slowest of steps 2–3: generate's tokens/s over the step's decode "
+                                             "roofline")
 
 
 def _iteration_figures(results, run_dir: Path) -> None:

@@ -34,6 +34,7 @@ PEER_COLUMNS = {
             "train": ("update", "optimizer"), "weight sync": ("weight_sync",)},
 }
 PEER_SPEEDUP_TARGET = 1.5
+GEN_ROOFLINE_TARGET = 0.6  # issue 17: generation vs its decode roofline, every step
 
 
 def _measured_order(path: Path) -> tuple[str, str]:
@@ -198,6 +199,12 @@ def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]]) -> str:
     else:
         verdict = f"{MISSING} (target ≥ {PEER_SPEEDUP_TARGET}× the fastest peer)"
     lines += ["", f"Speed-up of `hybrid train`: {verdict}.", ""]
+    hybrid = runs.get("hybrid", ({}, ""))[0]
+    if "iteration_gen_fraction_of_roofline" in hybrid:
+        fraction = hybrid["iteration_gen_fraction_of_roofline"]
+        lines += ["Generation of `hybrid train` against its decode roofline, the slowest of steps 2–3: "
+                  f"{fraction:.1%}; target ≥ {GEN_ROOFLINE_TARGET:.0%} in every step: "
+                  f"{_met(fraction >= GEN_ROOFLINE_TARGET)}.", ""]
     if tag is None:
         lines.append("No peer session in benchmarks/results yet (`benchmarks/peers/run_peers.sh`).")
     else:

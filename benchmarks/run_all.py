@@ -261,7 +261,8 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
         from bench_iteration import bench_iteration
 
         results.section("iteration", lambda: bench_iteration(results, args.model, args.work_dir,
-                                                                     tuple(args.iteration_flag)))
+                                                             tuple(args.iteration_flag),
+                                                             measure_copy_gbps=device_copy_gbps))
 
 if __name__ == "__main__":
     started = time.perf_counter()

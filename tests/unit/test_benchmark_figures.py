@@ -44,3 +44,27 @@ def test_step_rows_skip_a_step_cut_off_before_its_metrics_committed(tmp_path):
     (committed / "_SUCCESS").write_text("")
     (tmp_path / "steps" / "2" / "rollout").mkdir(parents=True)  # step 2 was cut off in its advantage stage
     assert step_rows(tmp_path) == {1: {"timing_s/rollout": 18.3}}
+
+
+def test_generation_is_judged_against_the_decode_roofline_of_its_own_step(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bench = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_iteration.py"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_1P7B))
+    with (model / "model.safetensors").open("wb") as weights:
+        weights.truncate(3_000_000_000)  # only its size counts: the weights read at every decode step
+    rollout = tmp_path / "steps" / "2" / "rollout"
+    rollout.mkdir(parents=True)
+    pq.write_table(pa.table({"prompt_ids": [[1] * 90, [1] * 110], "response_ids": [[2] * 1024, [2] * 512]}),
+                   rollout / "part-00000.parquet")
+    rows = {2: {"tokens": 1536.0, "timing_s/generate": 1.0}}
+    figures = bench["generation_vs_roofline"](tmp_path, rows, model, copy_gbps=4000.0)
+    # mean context 100 + 768 / 2 = 484; KV bytes a token 28 layers · 2 · 8 heads · 128 · 2 bytes = 114,688; a decode
+    # step reads 3e9 + 2 · 484 · 114,688 = 3,111,017,984 bytes at 4 TB/s: 2 tokens in 777.754496 µs, 2,571.5 tok/s
+    roofline = 2 / (3_111_017_984 / 4e12)
+    assert figures == {2: {"tok_s": 1536.0, "roofline_tok_s": roofline, "fraction": 1536.0 / roofline,
+                           "sequences": 2, "mean_context": 484.0}}
+    assert abs(figures[2]["fraction"] - 0.597315) < 1e-6

@@ -70,6 +70,16 @@ def test_peer_table_sums_each_systems_stages_into_its_columns_and_judges_the_spe
     assert "**no**" in perf_table["render_peers"]("2026-12-05", slower).splitlines()[6]
 
 
+def test_peer_table_judges_generation_against_its_roofline_when_the_run_measured_it():
+    runs = {"hybrid": ({**HYBRID["figures"], "iteration_gen_fraction_of_roofline": 0.5996}, "h.json @ abc"),
+            "trl": (TRL["figures"], "t.json @ abc")}
+    lines = perf_table["render_peers"]("2026-12-05", runs).splitlines()
+    assert lines[8] == ("Generation of `hybrid train` against its decode roofline, the slowest of steps 2–3: 60.0%; "
+                        "target ≥ 60% in every step: **no**.")
+    runs["hybrid"] = ({**HYBRID["figures"], "iteration_gen_fraction_of_roofline": 0.6}, "h.json @ abc")
+    assert perf_table["render_peers"]("2026-12-05", runs).splitlines()[8].endswith("every step: yes.")
+
+
 def test_peer_table_reads_the_newest_session_and_says_what_is_missing(tmp_path):
     for name, run in (("h200-peers-2026-12-01-hybrid.json", HYBRID), ("h200-peers-2026-12-01-trl.json", TRL),
                       ("h200-peers-2026-12-05-hybrid.json", _peer_run(20.0, {}, "def5678")),

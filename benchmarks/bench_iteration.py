@@ -5,7 +5,8 @@ vLLM, DeepSpeed, a Python reward), timed per stage, and the memory plan's peak c
   the sleep/wake inside them, and the wall between consecutive metrics commits (events.jsonl). Steps 2–3 count
   (step 1 warms up). Overhead = vLLM sleep + wake + DeepSpeed sleep + wake + sync + orchestration (wall − stages).
   Each step's generation against its decode roofline (issue 17: ≥ 60% in every step), from its committed rollout
-  and the device copy bandwidth measured once the run has left the GPU.
+  and the device copy bandwidth measured once the run has left the GPU. The machine's counters over each step's
+  rollout and train stages (`host_counters`), to tell a slow machine from slow code.
 - memory: two configurations, one where vLLM's reservation sets the peak and one where DeepSpeed's training does;
   the measured peak is the largest `memory.used` that `nvidia-smi -lms 50` reports during the run (a sampler that
   opens no CUDA context of its own), against `hybrid plan`'s estimate for the same configuration.
@@ -87,9 +88,13 @@ def step_rows(run_dir: Path) -> dict[int, dict]:
     return rows
 
 
+def read_events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
 def step_walls(run_dir: Path) -> dict[int, float]:
     """Seconds between the metrics commits of consecutive steps (step k's whole iteration, orchestration included)."""
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     done = {e["step"]: e["time"] for e in events if e["stage"] == "metrics" and e["event"] == "commit"}
     return {k: done[k] - done[k - 1] for k in sorted(done) if k - 1 in done}
 
@@ -99,15 +104,38 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
     """Figures from the steps the run committed, even when it was cut off (then from fewer steps); `flags` are
     extra `hybrid train` flags (recorded in the results). `measure_copy_gbps` (run once the run has ended and left
     the GPU) gives the device copy bandwidth of the generation's roofline."""
+    from host_counters import CounterSampler
+
     run_dir = root / "runs" / "iteration"
     results.data["meta"]["iteration_flags"] = list(flags)
+    sampler = CounterSampler()
     try:
         run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration", *flags)
     finally:
+        samples = sampler.stop()
         if (run_dir / "events.jsonl").is_file():
             _iteration_figures(results, run_dir)
+            _counter_figures(results, run_dir, samples)
             if measure_copy_gbps is not None:
                 _generation_figures(results, run_dir, model_dir, measure_copy_gbps())
+
+
+def stage_counters(events: list[dict], samples: list, stages: tuple[str, ...] = ("rollout", "train")) \
+        -> dict[int, dict[str, dict]]:
+    """step → stage → the machine's counters over that stage's window (`host_counters.window_means`)."""
+    from host_counters import stage_windows, window_means
+
+    per_step: dict[int, dict[str, dict]] = {}
+    for stage in stages:
+        for step, (start, end) in stage_windows(events, stage).items():
+            per_step.setdefault(step, {})[stage] = window_means(samples, start, end)
+    return dict(sorted(per_step.items()))
+
+
+def _counter_figures(results, run_dir: Path, samples: list) -> None:
+    results.figure("iteration_machine_counters", stage_counters(read_events(run_dir), samples),
+                   note="per step and stage: means of the GPU's utilization (%), SM and memory clocks (MHz), power "
+                        "(W) and the host's CPU busy fraction, sampled every 200 ms; sm_mhz_min the lowest")
 
 
 def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> dict[int, dict]:
@@ -171,7 +199,7 @@ def _iteration_figures(results, run_dir: Path) -> None:
 def orchestration_parts(run_dir: Path, rows: dict[int, dict], step: int) -> dict[str, float]:
     """Where step `step`'s orchestration went, from the run's events (wall-clock stamps of each stage's start and
     commit) and its metrics row (each stage's own seconds)."""
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     stamp = {(e["step"], e["stage"], e["event"]): e["time"] for e in events if e["event"] in ("start", "commit")}
     order = [s for s in (*STAGES, "metrics") if (step, s, "start") in stamp and (step, s, "commit") in stamp]
     between = sum(stamp[(step, b, "start")] - stamp[(step, a, "commit")] for a, b in zip(order, order[1:]))

@@ -68,3 +68,30 @@ def test_generation_is_judged_against_the_decode_roofline_of_its_own_step(tmp_pa
     assert figures == {2: {"tok_s": 1536.0, "roofline_tok_s": roofline, "fraction": 1536.0 / roofline,
                            "sequences": 2, "mean_context": 484.0}}
     assert abs(figures[2]["fraction"] - 0.597315) < 1e-6
+
+
+def test_machine_counters_are_parsed_and_averaged_over_each_stage_window():
+    counters = runpy.run_path(str(REPO_ROOT / "benchmarks" / "host_counters.py"))
+    assert counters["parse_sample"]("87, 1980, 3201, 412.57\n") == {"gpu_util_pct": 87.0, "sm_mhz": 1980.0,
+                                                                      "mem_mhz": 3201.0, "power_w": 412.57}
+    assert counters["parse_sample"]("87, 1980, 3201, [N/A]") == {"gpu_util_pct": 87.0, "sm_mhz": 1980.0,
+                                                                  "mem_mhz": 3201.0}  # no power reading
+    assert counters["parse_sample"]("[N/A], [N/A], [N/A], [N/A]") is None
+    assert counters["parse_sample"]("utilization.gpu [%], clocks.sm [MHz]") is None
+    # user nice system idle iowait irq softirq steal: busy 100+0+50+0+10+5+0 = 165 of 1,265, then 265 of 1,465
+    before = counters["cpu_times"]("cpu  100 0 50 1000 100 10 5 0 0 0")
+    after = counters["cpu_times"]("cpu  150 0 100 1100 100 10 5 0 0 0")
+    assert (before, after) == ((165, 1265), (265, 1465))
+    assert counters["busy_fraction"](before, after) == 0.5
+    events = [{"step": 2, "stage": "rollout", "event": "start", "time": 10.0},
+              {"step": 2, "stage": "rollout", "event": "start", "time": 11.0},  # a retry: its last start counts
+              {"step": 2, "stage": "rollout", "event": "commit", "time": 13.0},
+              {"step": 2, "stage": "train", "event": "start", "time": 14.0},
+              {"step": 3, "stage": "rollout", "event": "start", "time": 20.0}]  # cut off before its commit
+    samples = [(10.5, {"sm_mhz": 1000.0, "cpu_busy": 0.9}),
+               (11.0, {"sm_mhz": 1980.0, "cpu_busy": 0.25, "power_w": 400.0}),  # the only power reading
+               (12.0, {"sm_mhz": 1500.0, "cpu_busy": 0.5}), (13.0, {"sm_mhz": 1800.0, "cpu_busy": 0.75})]
+    stage_counters = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_iteration.py"))["stage_counters"]
+    assert stage_counters(events, samples) == {2: {"rollout": {"sm_mhz": 1760.0, "cpu_busy": 0.5, "power_w": 400.0,
+                                                               "sm_mhz_min": 1500.0, "samples": 3}}}
+    assert counters["window_means"](samples, 14.0, 15.0) == {"samples": 0}

@@ -1,0 +1,100 @@
+"""Machine counters during a benchmark run, to tell a slow machine from slow code (issue 17: the same rollout took
+8.1 s in one step and 9.7 s in the next, s32): the GPU's utilization, SM and memory clocks and power draw
+(`nvidia-smi -lms`, on the first GPU this process sees) and the host's CPU busy fraction (/proc/stat between two
+samples), each sample stamped with the wall clock; and their means over a stage's window from a run's events.jsonl.
+
+It knows nothing about what runs meanwhile; it opens no CUDA context of its own.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+QUERY = {"gpu_util_pct": "utilization.gpu", "sm_mhz": "clocks.sm", "mem_mhz": "clocks.mem", "power_w": "power.draw"}
+
+
+def parse_sample(line: str) -> dict[str, float] | None:
+    """One `nvidia-smi --format=csv,noheader,nounits` line of QUERY's fields, without those the GPU does not report
+    ("[N/A]"); None for any other line (a header, an error)."""
+    fields = [field.strip() for field in line.split(",")]
+    if len(fields) != len(QUERY):
+        return None
+    values = {name: float(field) for name, field in zip(QUERY, fields) if _is_number(field)}
+    return values or None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def cpu_times(stat_line: str) -> tuple[int, int]:
+    """(busy, total) jiffies of /proc/stat's first line: idle and iowait are not busy."""
+    ticks = [int(value) for value in stat_line.split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return sum(ticks) - idle, sum(ticks)
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the host's CPU time that was busy between two `cpu_times` readings."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0
+
+
+def _read_cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as stat:
+        return cpu_times(stat.readline())
+
+
+class CounterSampler:
+    """Samples QUERY every `interval_ms` in a background thread until `stop`, with the CPU busy fraction since the
+    previous sample."""
+
+    def __init__(self, interval_ms: int = 200):
+        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+        self.process = subprocess.Popen(["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(QUERY.values())}",
+                                         "--format=csv,noheader,nounits", "-lms", str(interval_ms)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        previous = _read_cpu_times()
+        for line in self.process.stdout:
+            values = parse_sample(line)
+            if values is None:
+                continue
+            now = _read_cpu_times()
+            self.samples.append((time.time(), values | {"cpu_busy": busy_fraction(previous, now)}))
+            previous = now
+
+    def stop(self) -> list[tuple[float, dict[str, float]]]:
+        self.process.terminate()
+        self.thread.join(timeout=5)
+        return self.samples
+
+
+def stage_windows(events: list[dict], stage: str) -> dict[int, tuple[float, float]]:
+    """step → (start, commit) wall-clock times of `stage`, for the steps where both were logged (the last start
+    of a retried stage)."""
+    starts = {e["step"]: e["time"] for e in events if e["stage"] == stage and e["event"] == "start"}
+    commits = {e["step"]: e["time"] for e in events if e["stage"] == stage and e["event"] == "commit"}
+    return {step: (starts[step], commits[step]) for step in sorted(starts) if step in commits}
+
+
+def window_means(samples: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
+    """Each counter's mean over the samples stamped within [start, end] that report it, the lowest SM clock among
+    them, and the sample count; {"samples": 0} when none fell there."""
+    inside = [values for stamp, values in samples if start <= stamp <= end]
+    means = {}
+    for name in dict.fromkeys(name for values in inside for name in values):
+        reported = [values[name] for values in inside if name in values]
+        means[name] = sum(reported) / len(reported)
+    clocks = [values["sm_mhz"] for values in inside if "sm_mhz" in values]
+    return means | ({"sm_mhz_min": min(clocks)} if clocks else {}) | {"samples": len(inside)}

@@ -19,40 +19,16 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Callable
+
+from host_counters import CounterSampler, GpuMemorySampler, stage_windows, window_means
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "benchmarks" / "configs"
 OVERHEAD_KEYS = ("timing_s/vllm_wake", "timing_s/vllm_sleep", "timing_s/ds_wake", "timing_s/ds_sleep", "timing_s/sync")
 WITHIN_SYNC_KEYS = ("timing_s/ds_sleep_wait",)  # part of the sync's seconds: DeepSpeed's sleep copy ending there
 STAGES = ("rollout", "reward", "advantage", "train", "sync")
-
-
-class GpuMemorySampler:
-    """Largest GPU memory in use (MiB) while running, sampled every 50 ms by nvidia-smi on the first GPU this
-    process sees (nvidia-smi ignores CUDA_VISIBLE_DEVICES, so the GPU is named; another job on another GPU of the
-    machine does not count)."""
-
-    def __init__(self):
-        gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
-        self.process = subprocess.Popen(["nvidia-smi", f"--id={gpu}", "--query-gpu=memory.used",
-                                         "--format=csv,noheader,nounits", "-lms", "50"],
-                                        stdout=subprocess.PIPE, text=True)
-        self.peak_mib, self.samples = 0, 0
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            if line.strip().isdigit():
-                self.peak_mib, self.samples = max(self.peak_mib, int(line)), self.samples + 1
-
-    def stop(self) -> tuple[float, int]:
-        self.process.terminate()
-        self.thread.join(timeout=5)
-        return self.peak_mib / 1024, self.samples
 
 
 def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str, timeout_s: float = 540) -> Path:
@@ -104,8 +80,6 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
     """Figures from the steps the run committed, even when it was cut off (then from fewer steps); `flags` are
     extra `hybrid train` flags (recorded in the results). `measure_copy_gbps` (run once the run has ended and left
     the GPU) gives the device copy bandwidth of the generation's roofline."""
-    from host_counters import CounterSampler
-
     run_dir = root / "runs" / "iteration"
     results.data["meta"]["iteration_flags"] = list(flags)
     sampler = CounterSampler()
@@ -114,17 +88,16 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
     finally:
         samples = sampler.stop()
         if (run_dir / "events.jsonl").is_file():
-            _iteration_figures(results, run_dir)
+            rows = step_rows(run_dir)
+            _iteration_figures(results, run_dir, rows)
             _counter_figures(results, run_dir, samples)
             if measure_copy_gbps is not None:
-                _generation_figures(results, run_dir, model_dir, measure_copy_gbps())
+                _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps())
 
 
 def stage_counters(events: list[dict], samples: list, stages: tuple[str, ...] = ("rollout", "train")) \
         -> dict[int, dict[str, dict]]:
     """step → stage → the machine's counters over that stage's window (`host_counters.window_means`)."""
-    from host_counters import stage_windows, window_means
-
     per_step: dict[int, dict[str, dict]] = {}
     for stage in stages:
         for step, (start, end) in stage_windows(events, stage).items():
@@ -160,8 +133,8 @@ def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path
     return figures
 
 
-def _generation_figures(results, run_dir: Path, model_dir: Path, copy_gbps: float) -> None:
-    per_step = generation_vs_roofline(run_dir, step_rows(run_dir), model_dir, copy_gbps)
+def _generation_figures(results, run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> None:
+    per_step = generation_vs_roofline(run_dir, rows, model_dir, copy_gbps)
     timed = [k for k in sorted(per_step) if k >= 2]
     results.figure("iteration_gen_copy_gbps", copy_gbps, note="device copy, read + write bytes, after the run")
     if timed:
@@ -170,8 +143,8 @@ def _generation_figures(results, run_dir: Path, model_dir: Path, copy_gbps: floa
                                              "roofline")
 
 
-def _iteration_figures(results, run_dir: Path) -> None:
-    rows, walls = step_rows(run_dir), step_walls(run_dir)
+def _iteration_figures(results, run_dir: Path, rows: dict[int, dict]) -> None:
+    walls = step_walls(run_dir)
     results.figure("iteration_steps_committed", len(rows))
     timed = [k for k in sorted(walls) if k >= 2]
     if not timed:

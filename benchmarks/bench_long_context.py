@@ -80,7 +80,7 @@ def bench_long_context(results, model_dir: Path, gpu_total_gib: float, tflops: f
     if model_dir is None:
         raise ValueError("long_context needs --model-4b DIR: a Qwen3-4B stand-in (data/build_tiny_model.py --standin "
                          "Qwen/Qwen3-4B DIR --device cuda)")
-    from bench_iteration import GpuMemorySampler
+    from host_counters import GpuMemorySampler
     from hybrid_core.memory_plan import estimate_memory, model_shape, trainer_bytes
 
     cfg = plan_config(model_dir)

@@ -1,9 +1,10 @@
-"""Machine counters during a benchmark run, to tell a slow machine from slow code (issue 17: the same rollout took
-8.1 s in one step and 9.7 s in the next, s32): the GPU's utilization, SM and memory clocks and power draw
-(`nvidia-smi -lms`, on the first GPU this process sees) and the host's CPU busy fraction (/proc/stat between two
-samples), each sample stamped with the wall clock; and their means over a stage's window from a run's events.jsonl.
+"""Machine counters sampled beside a benchmark run by `nvidia-smi -lms` (it opens no CUDA context of its own): the
+GPU memory's peak (`GpuMemorySampler`, for the memory plan's check), and, to tell a slow machine from slow code
+(issue 17: the same rollout took 8.1 s in one step and 9.7 s in the next, s32), the GPU's utilization, SM and memory
+clocks and power draw with the host's CPU busy fraction (/proc/stat between two samples), each sample stamped with
+the wall clock (`CounterSampler`), and their means over a stage's window from a run's events.jsonl.
 
-It knows nothing about what runs meanwhile; it opens no CUDA context of its own.
+It knows nothing about what runs meanwhile.
 """
 from __future__ import annotations
 
@@ -51,32 +52,65 @@ def _read_cpu_times() -> tuple[int, int]:
         return cpu_times(stat.readline())
 
 
-class CounterSampler:
-    """Samples QUERY every `interval_ms` in a background thread until `stop`, with the CPU busy fraction since the
-    previous sample."""
+class NvidiaSmiSampler:
+    """`nvidia-smi --query-gpu=<query> -lms <interval_ms>` on the first GPU this process sees (nvidia-smi ignores
+    CUDA_VISIBLE_DEVICES, so the GPU is named; another job on another GPU of the machine does not count), each line
+    it prints handed to `take` in a background thread until `stop`. Subclasses set their state before this starts."""
 
-    def __init__(self, interval_ms: int = 200):
+    def __init__(self, query: str, interval_ms: int):
         gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
-        self.process = subprocess.Popen(["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(QUERY.values())}",
+        self.process = subprocess.Popen(["nvidia-smi", f"--id={gpu}", f"--query-gpu={query}",
                                          "--format=csv,noheader,nounits", "-lms", str(interval_ms)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.samples: list[tuple[float, dict[str, float]]] = []
+                                        stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
     def _read(self) -> None:
-        previous = _read_cpu_times()
         for line in self.process.stdout:
-            values = parse_sample(line)
-            if values is None:
-                continue
-            now = _read_cpu_times()
-            self.samples.append((time.time(), values | {"cpu_busy": busy_fraction(previous, now)}))
-            previous = now
+            self.take(line)
 
-    def stop(self) -> list[tuple[float, dict[str, float]]]:
+    def take(self, line: str) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
         self.process.terminate()
         self.thread.join(timeout=5)
+
+
+class GpuMemorySampler(NvidiaSmiSampler):
+    """Largest GPU memory in use (MiB) while running, sampled every 50 ms."""
+
+    def __init__(self):
+        self.peak_mib, self.samples = 0, 0
+        super().__init__("memory.used", interval_ms=50)
+
+    def take(self, line: str) -> None:
+        if line.strip().isdigit():
+            self.peak_mib, self.samples = max(self.peak_mib, int(line)), self.samples + 1
+
+    def stop(self) -> tuple[float, int]:
+        super().stop()
+        return self.peak_mib / 1024, self.samples
+
+
+class CounterSampler(NvidiaSmiSampler):
+    """QUERY every `interval_ms`, each sample with the CPU busy fraction since the previous one."""
+
+    def __init__(self, interval_ms: int = 200):
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._cpu = _read_cpu_times()
+        super().__init__(",".join(QUERY.values()), interval_ms)
+
+    def take(self, line: str) -> None:
+        values = parse_sample(line)
+        if values is None:
+            return
+        now = _read_cpu_times()
+        self.samples.append((time.time(), values | {"cpu_busy": busy_fraction(self._cpu, now)}))
+        self._cpu = now
+
+    def stop(self) -> list[tuple[float, dict[str, float]]]:
+        super().stop()
         return self.samples
 
 

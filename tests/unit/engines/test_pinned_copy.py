@@ -1,7 +1,8 @@
 """Unit tests for hybrid_core.engines.pinned_copy: the kernel copies every byte and nothing past its target, run
 by Triton's interpreter on CPU tensors in a child process (`pinned_copy_interpreted.py`); which copies take it
 (CUDA target and pinned source only, aligned, right after a free under `auto` or always under `sm`, never under
-`engine`); the copy engine's fallback; the choice's error. The kernel on the GPU at the wake's size: benchmarks/probe_wake_copy.py and bench_ds_sleep."""
+`engine`); the copy engine's fallback; the choice's error. The kernel on the GPU at the wake's size:
+benchmarks/probe_wake_copy.py and bench_ds_sleep."""
 import math
 from unittest import mock
 
@@ -20,7 +21,6 @@ def test_the_kernel_copies_every_byte_and_nothing_past_its_target_under_the_inte
 
 
 def test_a_cpu_target_takes_the_copy_engines_path_and_gets_every_byte(monkeypatch):
-    monkeypatch.delenv("HYBRID_WAKE_COPY", raising=False)
     source = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     target = torch.zeros(4096, dtype=torch.uint8)
     monkeypatch.setenv("HYBRID_WAKE_COPY", "sm")

@@ -1,9 +1,10 @@
 """Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the
 iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's
 own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
-the sampled token's logprob. One generate at 256 new tokens runs under the CUDA profiler: the kernels' summed time
-against the wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels,
-and the top kernels say which.
+the sampled token's logprob. One generate (256 new tokens, or --profiled-tokens) runs under the CUDA profiler: the
+kernels' summed time against the wall says whether the GPU waits on the host (scheduling, output processing) or on
+its own kernels, and the top kernels say which. --attention-backend builds the engine with another of vLLM's
+attention backends (e.g. TRITON_ATTN against FlashAttention 3's decode at this shape).
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
@@ -48,14 +49,14 @@ def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: boo
     return sum(len(c.token_ids) for samples in out for c in samples) / seconds
 
 
-def kernel_profile(engine, prompts) -> dict:
-    """One generate of PROFILED_TOKENS under the CUDA profiler: wall, summed kernel time and the top kernels."""
+def kernel_profile(engine, prompts, new_tokens: int) -> dict:
+    """One generate of `new_tokens` under the CUDA profiler: wall, summed kernel time and the top kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from hybrid_core.engines.vllm_rollout import SamplingSettings
 
-    sampling = SamplingSettings(n=SAMPLES, max_new_tokens=PROFILED_TOKENS, ignore_eos=True)
+    sampling = SamplingSettings(n=SAMPLES, max_new_tokens=new_tokens, ignore_eos=True, logprobs=False)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall, _ = timed(lambda: engine.generate(prompts, sampling, list(range(len(prompts)))))
     kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
@@ -63,7 +64,7 @@ def kernel_profile(engine, prompts) -> dict:
     top = sorted(kernels, key=lambda e: e.device_time_total, reverse=True)[:TOP_KERNELS]
     torch.cuda.synchronize()
     return {"wall_s": wall, "kernel_s": total_us / 1e6, "gpu_busy_fraction": total_us / 1e6 / wall,
-            "steps": PROFILED_TOKENS,
+            "steps": new_tokens,
             "top_kernels": [{"name": e.key[:120], "calls": e.count, "total_ms": e.device_time_total / 1e3,
                              "share": e.device_time_total / total_us} for e in top]}
 
@@ -76,12 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)  # the iteration config's
     parser.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=sorted(VARIANTS))
     parser.add_argument("--sleep-level", type=int, choices=(1, 2), help="sleep mode on; measure again after a sleep")
+    parser.add_argument("--profiled-tokens", type=int, default=PROFILED_TOKENS, help="new tokens of the profiled run")
+    parser.add_argument("--attention-backend", help="vLLM's attention backend by name (default: vLLM's choice)")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
-                                 "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"]})
+                                 "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+                                 "attention_backend": args.attention_backend})
     gbps = device_copy_gbps()
     roofline, terms = _roofline(args.model, gbps, PROMPTS * SAMPLES, mean_context=PROMPT_TOKENS + NEW_TOKENS / 2)
     results.figure("roofline_tok_s", {"tok_s": roofline, "terms": terms})
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     engine = VllmRolloutEngine(EngineSettings(model_path=str(args.model), seed=0, max_model_len=1152,
                                               gpu_memory_utilization=args.gpu_memory_utilization,
                                               enable_sleep=args.sleep_level is not None,
-                                              sleep_level=args.sleep_level or 1))
+                                              sleep_level=args.sleep_level or 1,
+                                              attention_backend=args.attention_backend))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
@@ -97,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sleep_level is not None:
         results.figure("sleep_cycle_s", timed(lambda: sleep_and_wake(engine, args.model))[0])
         measure_variants(engine, prompts, args, roofline, results, suffix="_after_sleep")
-    results.figure("profile", kernel_profile(engine, prompts))
+    results.figure("profile", kernel_profile(engine, prompts, args.profiled_tokens))
     return 0
 
 

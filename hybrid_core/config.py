@@ -77,7 +77,8 @@ class RewardConfig(ConfigBlock):
 class VllmConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"num_engines", "tensor_parallel_size", "sync_backend", "enable_prefix_caching", "enforce_eager",
-        "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs"})
+        "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs",
+        "attention_backend"})
     num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
     tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
     sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
@@ -91,6 +92,8 @@ class VllmConfig(ConfigBlock):
     sleep_level: Literal[1, 2] = Field(1, description="PROJECT: vLLM sleep level (2 also drops weights)")
     max_num_seqs: int | None = Field(None, gt=0, description="PROJECT: sequences decoded at once (None: vLLM's "
                                      "default, 1024 on H100/H200-class GPUs)")
+    attention_backend: Literal["FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER"] | None = Field(
+        None, description="PROJECT: vLLM's attention backend (None: vLLM's choice, FlashAttention 3 on an H200)")
 
 
 class LoraConfig(ConfigBlock):

@@ -58,6 +58,7 @@ class EngineSettings:
     max_model_len: int = 2048
     max_num_seqs: int | None = None  # None: vLLM's default for the device
     block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
+    attention_backend: str | None = None  # vLLM's attention backend by name (e.g. TRITON_ATTN); None: vLLM's choice
 
 
 CPU_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens default on CPU for the LLM class (engine/arg_utils.py)
@@ -144,6 +145,8 @@ class VllmRolloutEngine:
                         self.platform)
         extra = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
                                                 ("block_size", settings.block_size)) if value}
+        if settings.attention_backend:
+            extra["attention_config"] = {"backend": settings.attention_backend}
         if self.platform == "cpu":
             extra |= whole_prompt_prefill(settings.max_model_len)
             if settings.enforce_eager:

@@ -115,7 +115,8 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           gpu_memory_utilization=v.gpu_memory_utilization, enforce_eager=v.enforce_eager,
                           enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
-                          max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs)
+                          max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
+                          attention_backend=v.attention_backend)
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:

@@ -112,9 +112,10 @@ def _counter_figures(results, run_dir: Path, samples: list) -> None:
 
 
 def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> dict[int, dict]:
-    """Per step: the rollout's generation rate (its response tokens over the engine's generate seconds) against the
-    decode roofline of that step's batch (bench_vllm's: every decode step reads the weights and each sequence's KV
-    cache at the batch's mean context, prompt + half the response, at `copy_gbps`), every sequence decoding at once."""
+    """Per step: the rollout's generation rate (its committed response tokens over the engine's generate seconds, the
+    metrics row's `timing_s/generate`) against the decode roofline of that step's batch (bench_vllm's: every decode
+    step reads the weights and each sequence's KV cache at the batch's mean context, prompt + half the response, at
+    `copy_gbps`), every sequence decoding at once."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pds
     from bench_vllm import _roofline
@@ -123,11 +124,10 @@ def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path
     for step, row in rows.items():
         rollout = pds.dataset(str(run_dir / "steps" / str(step) / "rollout"), format="parquet")
         table = rollout.to_table(columns=["prompt_ids", "response_ids"])
-        mean_length = {name: pc.mean(pc.list_value_length(table.column(name))).as_py()
-                       for name in ("prompt_ids", "response_ids")}
-        mean_context = mean_length["prompt_ids"] + mean_length["response_ids"] / 2
+        lengths = {name: pc.list_value_length(table.column(name)) for name in ("prompt_ids", "response_ids")}
+        mean_context = pc.mean(lengths["prompt_ids"]).as_py() + pc.mean(lengths["response_ids"]).as_py() / 2
         roofline, _ = _roofline(model_dir, copy_gbps, table.num_rows, mean_context=mean_context)
-        tok_s = row["tokens"] / row["timing_s/generate"]
+        tok_s = pc.sum(lengths["response_ids"]).as_py() / row["timing_s/generate"]
         figures[step] = {"tok_s": tok_s, "roofline_tok_s": roofline, "fraction": tok_s / roofline,
                          "sequences": table.num_rows, "mean_context": mean_context}
     return figures

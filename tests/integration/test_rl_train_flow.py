@@ -190,3 +190,25 @@ def test_metrics_rows_carry_each_stages_dispatch_and_gc_seconds(reference_run):
         # the rollout's parts: the engine's wake, its generation and its sleep, within the stage's seconds
         parts = [row[f"timing_s/{part}"] for part in ("vllm_wake", "generate", "vllm_sleep")]
         assert parts[1] > 0.0 and sum(parts) <= row["timing_s/rollout"], (step, parts)
+
+
+def test_the_iteration_benchmark_judges_a_real_runs_generation(reference_run, tiny_model, monkeypatch):
+    """bench_iteration's generation figure from what a run commits (its metrics rows carry no token count)."""
+    import runpy
+
+    import pyarrow.compute as pc
+
+    _, result = reference_run
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # the scripts import their shared modules, as run_all.py does
+    bench = runpy.run_path(str(benchmarks / "bench_iteration.py"))
+    rows = bench["step_rows"](Path(result.run_dir))
+    figures = bench["generation_vs_roofline"](Path(result.run_dir), rows, tiny_model, copy_gbps=4000.0)
+    assert sorted(figures) == [1, 2, 3]
+    for step, figure in figures.items():
+        rollout = pds.dataset(f"{result.run_dir}/steps/{step}/rollout", format="parquet").to_table()
+        responses = pc.list_value_length(rollout.column("response_ids")).to_pylist()
+        prompts = pc.list_value_length(rollout.column("prompt_ids")).to_pylist()
+        assert figure["tok_s"] == sum(responses) / rows[step]["timing_s/generate"]
+        assert figure["mean_context"] == sum(prompts) / 4 + sum(responses) / 4 / 2
+        assert figure["sequences"] == 4 and figure["fraction"] == figure["tok_s"] / figure["roofline_tok_s"]

@@ -112,6 +112,20 @@ def whole_prompt_prefill(max_model_len: int) -> dict:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_TOKEN_BUDGET)}
 
 
+def engine_options(settings: EngineSettings, platform: str) -> dict:
+    """The `LLM(...)` arguments beyond the common ones: what the settings set (vLLM's defaults otherwise), the CPU
+    build's whole-prompt prefill and the executor of a tensor-parallel engine."""
+    options = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
+                                              ("block_size", settings.block_size)) if value}
+    if settings.attention_backend:
+        options["attention_config"] = {"backend": settings.attention_backend}
+    if platform == "cpu":
+        options |= whole_prompt_prefill(settings.max_model_len)
+    if backend := executor_backend(platform, settings.tensor_parallel_size):
+        options["distributed_executor_backend"] = backend
+    return options
+
+
 def run_sampler_eager() -> None:
     """CPU with `enforce_eager`: nothing of this process is torch.compiled, vLLM's sampler included. vLLM compiles two
     sampler helpers with inductor whatever `enforce_eager` says (the sampled token's rank, a random-sample kernel):
@@ -143,16 +157,9 @@ class VllmRolloutEngine:
         if settings.enable_sleep and not self.can_sleep:
             log.warning("vllm.enable_sleep: this vLLM build has no sleep mode (%s); sleep/wake keep state only",
                         self.platform)
-        extra = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
-                                                ("block_size", settings.block_size)) if value}
-        if settings.attention_backend:
-            extra["attention_config"] = {"backend": settings.attention_backend}
-        if self.platform == "cpu":
-            extra |= whole_prompt_prefill(settings.max_model_len)
-            if settings.enforce_eager:
-                run_sampler_eager()
-        if backend := executor_backend(self.platform, settings.tensor_parallel_size):
-            extra["distributed_executor_backend"] = backend
+        extra = engine_options(settings, self.platform)
+        if self.platform == "cpu" and settings.enforce_eager:
+            run_sampler_eager()
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,

@@ -1,11 +1,11 @@
 """engine_layout: where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
 configuration (plan.engine_layout), what `hybrid plan` shows of it, what a GPU engine's process is told (placement)
 where a GPU engine and its workers sit on several nodes (placement.seat), and how vLLM runs the workers
-(vllm_rollout.executor_backend)."""
+(vllm_rollout.executor_backend, among the engine's options)."""
 import pytest
 
 from hybrid_core.engine_layout import EngineLayout, engine_lines
-from hybrid_core.engines.vllm_rollout import executor_backend
+from hybrid_core.engines.vllm_rollout import EngineSettings, engine_options, executor_backend
 from hybrid_core.flags import parse_cli
 from hybrid_core.plan import (engine_layout, preflight_problems, render_plan, role_bundles, run_node_blocks,
                               sync_transport)
@@ -125,3 +125,17 @@ def test_on_two_nodes_an_engine_and_its_tp_workers_sit_in_their_nodes_placement_
 def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():
     assert [executor_backend("cuda", 1), executor_backend("cuda", 2), executor_backend("cpu", 2)] == [
         None, "ray", "mp"]
+
+
+def test_the_engine_options_pass_what_the_configuration_sets_and_leave_the_rest_to_vllm():
+    from hybrid_core.workers.worker_args import engine_settings
+
+    cfg = parse_cli(["--actor.model_name_or_path", "m", "--vllm.attention_backend", "TRITON_ATTN",
+                     "--vllm.max_num_seqs", "64", "--vllm.tensor_parallel_size", "2", "--data.max_len", "1152"])
+    assert engine_options(engine_settings(cfg), "cuda") == {"max_num_seqs": 64,
+                                                            "attention_config": {"backend": "TRITON_ATTN"},
+                                                            "distributed_executor_backend": "ray"}
+    plain = EngineSettings(model_path="m", gpu_memory_utilization=0.5, seed=0, max_model_len=1152)
+    assert engine_options(plain, "cuda") == {}
+    # the CPU build prefills a prompt whole: its token budget covers the longest sequence, at least vLLM's 4096
+    assert engine_options(plain, "cpu") == {"enable_chunked_prefill": False, "max_num_batched_tokens": 4096}

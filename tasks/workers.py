@@ -101,7 +101,9 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
     return launch.open_run(cfg, run, must_exist)
 
 
-@task(name="start-workers", cache_policy=NO_CACHE, timeout_seconds=1800)
+# log_prints off: counting the prompts hashes them with `datasets`' dill, which captures `dis.dis` output to read a
+# function's globals, and the flow's print capture would log those lines (and leave dill's capture empty) instead
+@task(name="start-workers", cache_policy=NO_CACHE, timeout_seconds=1800, log_prints=False)
 def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
     """Re-attach to the run's live actors or create them from the newest checkpoint; see launch.start_workers."""
     started = launch.start_workers(cfg, run)

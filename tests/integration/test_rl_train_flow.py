@@ -212,3 +212,18 @@ def test_the_iteration_benchmark_judges_a_real_runs_generation(reference_run, ti
         assert figure["tok_s"] == sum(responses) / rows[step]["timing_s/generate"]
         assert figure["mean_context"] == sum(prompts) / 4 + sum(responses) / 4 / 2
         assert figure["sequences"] == 4 and figure["fraction"] == figure["tok_s"] / figure["roofline_tok_s"]
+
+
+def test_the_flow_logs_no_disassembly_of_the_prompt_loader(reference_run, prefect_server):
+    """Loading the prompts hashes them with `datasets`' dill, which reads a function's globals off `dis.dis` output
+    it means to capture; with the flow's print capture on in start-workers those lines went to the run's log."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags, LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        tagged = FlowRunFilter(tags=FlowRunFilterTags(all_=["run:reference"]))
+        run_ids = [run.id for run in client.read_flow_runs(flow_run_filter=tagged)]
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=run_ids)))
+    messages = [log.message for log in logs]
+    assert any("steps 1..3 of 3" in m for m in messages)  # the flow's own printed lines still reach its log
+    assert not [m for m in messages if "LOAD_GLOBAL" in m or "RESUME" in m]

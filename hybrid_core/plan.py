@@ -288,15 +288,21 @@ def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
 
 
 def _kernel_problems(cfg: RunConfig) -> list[str]:
-    """Liger's kernels are Triton: CUDA only, and an optional package."""
+    """vLLM's attention backends by name are its CUDA ones (its CPU build has one of its own); Liger's kernels are
+    Triton: CUDA only, and an optional package."""
+    problems = []
+    if cfg.vllm.attention_backend and cfg.train.device != "cuda":
+        problems.append(f"vllm.attention_backend {cfg.vllm.attention_backend} is one of vLLM's CUDA backends: got "
+                        f"train.device {cfg.train.device}, whose vLLM build has its own; drop "
+                        "--vllm.attention_backend")
     if not cfg.ds.use_liger_kernel:
-        return []
+        return problems
     if cfg.train.device != "cuda":
-        return [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device {cfg.train.device}; "
-                "drop --ds.use_liger_kernel"]
+        return problems + [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device "
+                           f"{cfg.train.device}; drop --ds.use_liger_kernel"]
     if not liger_installed():
-        return [f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}"]
-    return []
+        return problems + [f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}"]
+    return problems
 
 
 def _slice_problems(cfg: RunConfig) -> list[str]:

@@ -108,6 +108,15 @@ def test_liger_kernels_need_cuda_and_the_package(monkeypatch):
         "ds.use_liger_kernel needs the liger-kernel package: pip install 'hybrid-engine[liger]'"]
 
 
+def test_an_attention_backend_by_name_needs_cuda():
+    gpu = ["--vllm.attention_backend", "TRITON_ATTN", "--actor.num_gpus_per_node", "1", "--ref.num_gpus_per_node",
+           "1", "--vllm.num_engines", "1", "--train.colocate_all", "--rollout.n_samples_per_prompt", "2", *INPUT_FLAGS]
+    assert preflight_problems(parse_cli(gpu), num_gpus_found=1) == []
+    assert preflight_problems(parse_cli([*gpu, "--train.device", "cpu"]), num_gpus_found=0) == [
+        "vllm.attention_backend TRITON_ATTN is one of vLLM's CUDA backends: got train.device cpu, whose vLLM build "
+        "has its own; drop --vllm.attention_backend"]
+
+
 def test_default_config_sets_nothing_unimplemented():
     assert not_implemented(RunConfig()) == []  # the default estimator gae has its critic since #3
 

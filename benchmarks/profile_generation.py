@@ -1,9 +1,9 @@
 """Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the
 iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's
 own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
-the sampled token's logprob. One generate (256 new tokens, or --profiled-tokens) runs under the CUDA profiler: the
-kernels' summed time against the wall says whether the GPU waits on the host (scheduling, output processing) or on
-its own kernels, and the top kernels say which. --attention-backend builds the engine with another of vLLM's
+the sampled token's logprob. One generate (256 new tokens, or --profiled-tokens; seeded, without logprobs, as a
+rollout calls it by default) runs under the CUDA profiler: the kernels' summed time against the wall says whether
+the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which. --attention-backend builds the engine with another of vLLM's
 attention backends (e.g. TRITON_ATTN against FlashAttention 3's decode at this shape).
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json

@@ -295,13 +295,11 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"vllm.attention_backend {cfg.vllm.attention_backend} is one of vLLM's CUDA backends: got "
                         f"train.device {cfg.train.device}, whose vLLM build has its own; drop "
                         "--vllm.attention_backend")
-    if not cfg.ds.use_liger_kernel:
-        return problems
-    if cfg.train.device != "cuda":
-        return problems + [f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device "
-                           f"{cfg.train.device}; drop --ds.use_liger_kernel"]
-    if not liger_installed():
-        return problems + [f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}"]
+    if cfg.ds.use_liger_kernel and cfg.train.device != "cuda":
+        problems.append(f"ds.use_liger_kernel needs CUDA (Liger's kernels are Triton): got train.device "
+                        f"{cfg.train.device}; drop --ds.use_liger_kernel")
+    elif cfg.ds.use_liger_kernel and not liger_installed():
+        problems.append(f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}")
     return problems
 
 

@@ -95,7 +95,8 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
                 _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps())
 
 
-def stage_counters(events: list[dict], samples: list, stages: tuple[str, ...] = ("rollout", "train")) \
+def stage_counters(events: list[dict], samples: list,
+                   stages: tuple[str, ...] = ("rollout", "advantage", "train")) \
         -> dict[int, dict[str, dict]]:
     """step → stage → the machine's counters over that stage's window (`host_counters.window_means`)."""
     per_step: dict[int, dict[str, dict]] = {}

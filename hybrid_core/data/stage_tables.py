@@ -44,9 +44,20 @@ def reward_table(keys: list[tuple[int, int]], rewards: list[float], scores: list
     }, schema=REWARD_SCHEMA)
 
 
-def advantage_table(keys: list[tuple[int, int]], columns: dict[str, list[list[float]]]) -> pa.Table:
+def advantage_table(keys: list[tuple[int, int]], columns: dict[str, list[list[float]] | pa.Array]) -> pa.Table:
+    """Each per-token column as ragged lists, or already an Arrow list array (`ragged_column`)."""
     data = {"prompt_index": [k[0] for k in keys], "sample_index": [k[1] for k in keys]}
     return pa.table(data | {name: columns[name] for name in ADVANTAGE_SCHEMA.names[2:]}, schema=ADVANTAGE_SCHEMA)
+
+
+def ragged_column(padded: np.ndarray, lengths: list[int]) -> pa.Array:
+    """(B, T) values, row i's first `lengths[i]` of them kept → a list<float32> column, built from the array at once
+    (the same float32 values as converting each row to Python floats first, without the 262k Python objects of a
+    step's column)."""
+    counts = np.asarray(lengths, dtype=np.int64)
+    kept = padded[np.arange(padded.shape[1]) < counts[:, None]].astype(np.float32)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(kept), type=floats)
 
 
 def sample_keys(table: pa.Table) -> list[tuple[int, int]]:

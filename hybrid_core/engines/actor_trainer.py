@@ -15,7 +15,7 @@ from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatc
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.experience_maker import kl_figures
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import unpad
+from hybrid_core.engines.sequence_batch import HostCopy
 from hybrid_core.engines.vocab_head import response_token_stats
 
 
@@ -40,7 +40,7 @@ class TrainSamples:
 
 
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
-                         correction: ISCorrection | None, update_logprobs: dict[int, list[float]],
+                         correction: ISCorrection | None, update_logprobs: list[tuple[list[int], HostCopy]],
                          logit_chunk_tokens: int):
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
@@ -55,7 +55,7 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
             old = stored_old
             if old is None:  # on-policy: the weights that generated the samples are these, so the ratio is exactly 1
                 old = logprobs.detach()
-                update_logprobs.update(zip(share.indices, unpad(old.cpu(), mask.cpu())))
+                update_logprobs.append((share.indices, HostCopy(old, mask)))  # read after the updates
             weights = None
             if correction is not None:
                 weights = is_weights(old, rollout, mask, kind=correction.kind, low=correction.low,
@@ -81,14 +81,15 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
                          f"epoch: got {len(samples)} samples, train.batch_size {plan.batch_size}, "
                          f"train.max_epochs {plan.max_epochs}")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
-    update_logprobs: dict[int, list[float]] = {}
+    update_logprobs: list[tuple[list[int], HostCopy]] = []
     chunk_tokens = plan.batching.logit_chunk_tokens
     build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs, chunk_tokens)
     stats = run_updates(engine, lengths, plan, build_loss,
                         lambda model, batch: response_token_stats(model, batch, chunk_tokens)[0])
     if not is_on_policy:
         return stats
-    old = _every_rank_rows(engine, update_logprobs, len(samples))
+    rows = {index: row for indices, copy in update_logprobs for index, row in zip(indices, copy.rows())}
+    old = _every_rank_rows(engine, rows, len(samples))
     return stats | kl_figures(old, samples.ref_logprobs or [[] for _ in old], s.kl_estimator)
 
 

@@ -16,9 +16,9 @@ import torch
 from hybrid_core.algorithms.experience import (AdvantageSettings, PenaltySettings, apply_length_penalties,
                                                compute_advantages, sequence_mean_kl)
 from hybrid_core.algorithms.losses import masked_mean
-from hybrid_core.data.stage_tables import advantage_table, sample_keys
+from hybrid_core.data.stage_tables import advantage_table, ragged_column, sample_keys
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
-from hybrid_core.engines.sequence_batch import MicroBatching, pad, unpad
+from hybrid_core.engines.sequence_batch import MicroBatching, pad
 
 # In the advantage stage's record: its `old_logprobs` column is empty, the update's own forward stands for them.
 OLD_FROM_UPDATE = "old_logprobs_from_update"
@@ -46,18 +46,21 @@ def make_advantage_table(policy: DeepSpeedTrainEngine | None, rollout: pa.Table,
     old = policy.logprobs(prompt_ids, response_ids, batching) if policy is not None else None
     ref = sources.ref_logprobs(prompt_ids, response_ids) if sources.ref_logprobs else None
     values = sources.values(prompt_ids, response_ids) if sources.values else None
-    T = max(1, max(len(r) for r in response_ids))
-    mask = pad([[1.0] * len(r) for r in response_ids], T)
+    lengths = [len(r) for r in response_ids]
+    T = max(1, max(lengths))
+    mask = pad([[1.0] * n for n in lengths], T)
     rewards = apply_length_penalties(
         torch.tensor(reward.column("reward").to_pylist(), dtype=torch.float32),
-        torch.tensor([len(r) for r in response_ids], dtype=torch.long),
+        torch.tensor(lengths, dtype=torch.long),
         torch.tensor([f == "length" for f in rollout.column("finish_reason").to_pylist()]), penalties)
-    result = compute_advantages(rewards, pad(old, T) if old is not None else None, pad(ref, T) if ref else None,
-                                mask, settings, pad(values, T) if values else None)
+    padded = {"old_logprobs": pad(old, T) if old is not None else None, "ref_logprobs": pad(ref, T) if ref else None,
+              "values": pad(values, T) if values else None}
+    result = compute_advantages(rewards, padded["old_logprobs"], padded["ref_logprobs"], mask, settings,
+                                padded["values"])
+    padded |= {"advantages": result.advantages, "returns": result.returns}
     empty = [[] for _ in response_ids]
-    columns = {"old_logprobs": old if old is not None else empty, "ref_logprobs": ref or empty,
-               "values": values or empty, "advantages": unpad(result.advantages, mask),
-               "returns": unpad(result.returns, mask)}
+    columns = {name: empty if tensor is None else ragged_column(tensor.numpy(), lengths)
+               for name, tensor in padded.items()}
     table = advantage_table(keys, columns)
     if old is None:
         return table, {OLD_FROM_UPDATE: 1.0}

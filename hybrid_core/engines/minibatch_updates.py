@@ -18,7 +18,7 @@ import torch
 
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, on_ring, pad,
-                                                placeholder_batch, split_micro_batches)
+                                                placeholder_batch, split_micro_batches, to_device)
 
 ADDITIVE_KEYS = ("policy_loss", "kl_loss", "value_loss")  # normalised to the optimizer step: they add up
 
@@ -51,7 +51,7 @@ def micro_batch_tensors(engine: DeepSpeedTrainEngine, prompt_ids: list[list[int]
                                 share.is_packed)
     T, device = batch.response_mask.shape[1], next(engine.module.parameters()).device
     batch = on_ring(batch.to(device), engine.ring, engine.pad_id)
-    return batch, lambda rows: pad([rows[i] for i in indices], T).to(device)
+    return batch, lambda rows: to_device(pad([rows[i] for i in indices], T), device)
 
 
 LossBuilder = Callable[[MicroBatchShare], tuple[Callable, float]]  # → (loss_fn(model), micro-batch tokens)

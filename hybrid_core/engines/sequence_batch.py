@@ -13,9 +13,10 @@ into the whole (B, T). It knows nothing about DeepSpeed, vLLM or where the seque
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Callable
 
+import numpy as np
 import torch
 
 from hybrid_core.config import LOGIT_CHUNK_TOKENS
@@ -52,8 +53,18 @@ class SequenceBatch:
         return self.response_ids[self.response_mask.bool()]
 
     def to(self, device) -> "SequenceBatch":
+        """The batch on `device`. To a GPU the copies are queued behind the work already there instead of waiting
+        for it (`to_device`), so the host prepares the next micro-batch while the GPU computes this one."""
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return SequenceBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+        return SequenceBatch(**{k: to_device(v, device) if isinstance(v, torch.Tensor) else v
+                                for k, v in moved.items()})
+
+
+def to_device(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` (in host memory) on `device`. To a GPU the copy is queued without waiting for the GPU's queue:
+    PyTorch's blocking copy synchronizes the whole stream, and from pageable memory CUDA takes the bytes before the
+    call returns, so the source may change right after."""
+    return tensor.to(device, non_blocking=torch.device(device).type == "cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,13 +183,34 @@ def unpad(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
 
 
 def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
-    """Ragged lists → (B, T) float32, zero padded."""
-    T = T or max(1, max(len(r) for r in rows))
-    out = torch.zeros((len(rows), T), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, :len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
+    """Ragged lists → (B, T) float32, zero padded (each value rounded to float32 as `torch.tensor` rounds it); a
+    None row (an Arrow null) is an empty one."""
+    rows = [row if row is not None else () for row in rows]
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    T = T or max(1, int(lengths.max(initial=0)))
+    if lengths.max(initial=0) > T:
+        raise ValueError(f"a row of {int(lengths.max())} values does not fit in {T} columns")
+    flat = np.fromiter(chain.from_iterable(rows), dtype=np.float32, count=int(lengths.sum()))
+    out = np.zeros((len(rows), T), dtype=np.float32)
+    out[np.arange(T) < lengths[:, None]] = flat  # row-major: each row's first len(row) columns, rows in order
+    return torch.from_numpy(out)
+
+
+class HostCopy:
+    """(B, T) per-token results on their way to host memory: on a GPU the copy is queued behind the forward that
+    computes them, and `rows` waits for it only when they are read (after the next micro-batch's forward has been
+    queued, so the GPU does not wait for the host between micro-batches)."""
+
+    def __init__(self, values: torch.Tensor, response_mask: torch.Tensor):
+        self.values, self.mask = (t.to("cpu", non_blocking=t.is_cuda) for t in (values, response_mask))  # pinned
+        self.copied = torch.cuda.Event() if values.is_cuda or response_mask.is_cuda else None
+        if self.copied is not None:
+            self.copied.record()
+
+    def rows(self) -> list[list[float]]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return unpad(self.values, self.mask)
 
 
 def placeholder_batch(pad_id: int, is_packed: bool) -> SequenceBatch:
@@ -203,12 +235,17 @@ def batched_response_forward(per_token_fn, model, prompt_ids, response_ids, pad_
     micro_batches = split_micro_batches(list(range(len(prompt_ids))), lengths, batching)
     num_forwards = agree_on_count(len(micro_batches)) if agree_on_count is not None else len(micro_batches)
     out: list[list[float]] = []
+    arriving: HostCopy | None = None  # the previous micro-batch's results, read while this one's forward runs
     with torch.no_grad():
         for indices in micro_batches:
             batch = make_sequence_batch([prompt_ids[i] for i in indices], [response_ids[i] for i in indices], pad_id,
-                                        batching.is_packed).to(device)
-            batch = on_ring(batch, ring, pad_id)
-            out.extend(unpad(per_token_fn(model, batch).float().cpu(), batch.response_mask.cpu()))
+                                        batching.is_packed)
+            results = per_token_fn(model, on_ring(batch.to(device), ring, pad_id))
+            if arriving is not None:
+                out.extend(arriving.rows())
+            arriving = HostCopy(results.float(), batch.response_mask)
+        if arriving is not None:
+            out.extend(arriving.rows())
         for _ in range(num_forwards - len(micro_batches)):
             per_token_fn(model, on_ring(placeholder_batch(pad_id, batching.is_packed).to(device), ring, pad_id))
     return out

@@ -86,6 +86,8 @@ def test_machine_counters_are_parsed_and_averaged_over_each_stage_window():
     events = [{"step": 2, "stage": "rollout", "event": "start", "time": 10.0},
               {"step": 2, "stage": "rollout", "event": "start", "time": 11.0},  # a retry: its last start counts
               {"step": 2, "stage": "rollout", "event": "commit", "time": 13.0},
+              {"step": 2, "stage": "advantage", "event": "start", "time": 13.0},
+              {"step": 2, "stage": "advantage", "event": "commit", "time": 13.5},
               {"step": 2, "stage": "train", "event": "start", "time": 14.0},
               {"step": 3, "stage": "rollout", "event": "start", "time": 20.0}]  # cut off before its commit
     samples = [(10.5, {"sm_mhz": 1000.0, "cpu_busy": 0.9}),
@@ -93,5 +95,7 @@ def test_machine_counters_are_parsed_and_averaged_over_each_stage_window():
                (12.0, {"sm_mhz": 1500.0, "cpu_busy": 0.5}), (13.0, {"sm_mhz": 1800.0, "cpu_busy": 0.75})]
     stage_counters = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_iteration.py"))["stage_counters"]
     assert stage_counters(events, samples) == {2: {"rollout": {"sm_mhz": 1760.0, "cpu_busy": 0.5, "power_w": 400.0,
-                                                               "sm_mhz_min": 1500.0, "samples": 3}}}
+                                                               "sm_mhz_min": 1500.0, "samples": 3},
+                                                   "advantage": {"sm_mhz": 1800.0, "cpu_busy": 0.75,
+                                                                 "sm_mhz_min": 1800.0, "samples": 1}}}
     assert counters["window_means"](samples, 14.0, 15.0) == {"samples": 0}

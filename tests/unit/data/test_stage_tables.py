@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 
 from hybrid_core.data.stage_tables import (ADVANTAGE_SCHEMA, METRIC_COLUMNS, REWARD_SCHEMA, ROLLOUT_SCHEMA,
-                                           advantage_table, metrics_table, reward_table, rollout_table, sample_keys, step_metrics)
+                                           advantage_table, metrics_table, ragged_column, reward_table, rollout_table,
+                                           sample_keys, step_metrics)
 
 KEYS = [(0, 0), (0, 1), (3, 0), (3, 1)]
 
@@ -62,6 +63,22 @@ def test_reward_table_and_extra_logs_json():
     assert table.column("extra_logs").to_pylist() == ['{"a": 2, "z": 1.0}', "{}", '{"np": 0.5}', '{"flag": true}']
     assert [json.loads(s) for s in table.column("extra_logs").to_pylist()][0] == {"a": 2, "z": 1.0}
     assert sample_keys(table) == KEYS
+
+
+def test_ragged_column_equals_converting_each_row_to_python_floats():
+    """The advantage stage's columns built from the padded arrays: the same list<float32> column, bit for bit, as
+    the lists of Python floats it replaced (float64 rounded to float32 as Arrow rounds a Python float)."""
+    rng = np.random.default_rng(3)
+    lengths = [0, 5, 1, 5, 3]
+    for dtype in (np.float32, np.float64):
+        padded = (rng.standard_normal((5, 5)) * 1e3).astype(dtype)
+        padded[1, 2] = 1 / 3
+        expected = pa.array([padded[i, :n].tolist() for i, n in enumerate(lengths)], type=pa.list_(pa.float32()))
+        got = ragged_column(padded, lengths)
+        assert got.type == expected.type and got.equals(expected), (got, expected)
+    table = advantage_table(KEYS[:2], {name: ragged_column(np.ones((2, 3), np.float32), [3, 1])
+                                       for name in ADVANTAGE_SCHEMA.names[2:]})
+    assert table.column("advantages").to_pylist() == [[1.0, 1.0, 1.0], [1.0]]
 
 
 def test_advantage_table_columns_and_keys():

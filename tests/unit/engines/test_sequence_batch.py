@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybrid_core.engines.sequence_batch import (MicroBatching, SequenceBatch, make_sequence_batch, micro_batch_tokens,
-                                                pad, split_micro_batches, to_response_layout, unpad)
+from hybrid_core.engines.sequence_batch import (HostCopy, MicroBatching, SequenceBatch, make_sequence_batch,
+                                                micro_batch_tokens, pad, split_micro_batches, to_response_layout, unpad)
 from hybrid_core.engines.vocab_head import response_logprobs
 
 TINY_MODEL = Path(__file__).resolve().parents[3] / "data" / "tiny-qwen3"
@@ -94,6 +94,31 @@ def test_unpad_then_pad_round_trip():
 def test_pad_widths():
     _equal(pad([[1.0], [2.0, 3.0]], T=4), [[1, 0, 0, 0], [2, 3, 0, 0]], torch.float32)
     _equal(pad([[], []]), [[0], [0]], torch.float32)  # all empty → T = 1
+
+
+def test_pad_rounds_each_value_as_torch_tensor_does():
+    """pad converts the whole batch at once (numpy); each value must still be the float32 that `torch.tensor` of its
+    row gives: round to nearest, subnormals, overflow to inf, signed zero, NaN."""
+    rows = [[0.1, 1 / 3, -2.5e-40, 1e-46, 3.5e38, -0.0], [], [float("nan"), 16777217.0], [2.0 ** -149]]
+    got = pad(rows, T=7)
+    for i, row in enumerate(rows):
+        expected = torch.tensor(row, dtype=torch.float32)
+        assert torch.equal(got[i, :len(row)].view(torch.int32), expected.view(torch.int32)), (row, got[i])
+        assert not got[i, len(row):].any()
+    assert got.shape == (4, 7)
+
+
+def test_pad_takes_null_rows_as_empty_and_refuses_rows_wider_than_t():
+    _equal(pad([None, [1.5, 2.5]]), [[0, 0], [1.5, 2.5]], torch.float32)
+    assert pad([]).shape == (0, 1)
+    with pytest.raises(ValueError, match="a row of 3 values does not fit in 2 columns"):
+        pad([[1.0], [1.0, 2.0, 3.0]], T=2)
+
+
+def test_host_copy_reads_the_rows_of_the_response_mask():
+    values = torch.tensor([[0.25, -1.0, 3.0], [4.0, 5.0, 6.0]])
+    copy = HostCopy(values, torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+    assert copy.rows() == [[0.25], [4.0, 5.0, 6.0]]
 
 
 def test_packed_layout_by_hand():

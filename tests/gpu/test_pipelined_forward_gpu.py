@@ -30,7 +30,7 @@ def test_pipelined_copies_give_each_micro_batchs_own_results(standin):
 
     model = load_causal_lm(str(standin), "bf16", attn_implementation_for(True)).cuda().eval()
     prompts, responses = _samples()
-    batching = MicroBatching(num_samples=2, max_tokens=700, is_packed=True, logit_chunk_tokens=128)
+    batching = MicroBatching(num_samples=2, max_tokens=400, is_packed=True, logit_chunk_tokens=128)
     got = batched_response_forward(response_logprobs, model, prompts, responses, 0, batching)
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     expected = []

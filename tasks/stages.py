@@ -42,7 +42,10 @@ def rollout(run: RunRef, step: int) -> StageResult:
 
 @task(name="reward", task_run_name="reward-step-{step}", **STAGE_OPTIONS)
 def reward(run: RunRef, step: int) -> StageResult:
-    """Score the committed rollouts with the run's reward source; commit `reward`."""
+    """Score the committed rollouts with the run's reward source; commit `reward`. The advantage stage's reference
+    and critic forwards of the same rollouts start first and run on the GPU meanwhile (`ActorWorker.start_forwards`:
+    not when a reward model needs the GPU)."""
+    call(run, ADVANTAGE.role, "start_forwards", step, stage=REWARD.name, step=step)
     return _stage_call(run, REWARD, step)
 
 

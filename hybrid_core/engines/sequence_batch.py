@@ -190,7 +190,8 @@ def pad(rows: list[list[float]], T: int | None = None) -> torch.Tensor:
     T = T or max(1, int(lengths.max(initial=0)))
     if lengths.max(initial=0) > T:
         raise ValueError(f"a row of {int(lengths.max())} values does not fit in {T} columns")
-    flat = np.fromiter(chain.from_iterable(rows), dtype=np.float32, count=int(lengths.sum()))
+    with np.errstate(over="ignore"):  # beyond float32's range is ±inf, as torch.tensor gives, without a warning
+        flat = np.fromiter(chain.from_iterable(rows), dtype=np.float32, count=int(lengths.sum()))
     out = np.zeros((len(rows), T), dtype=np.float32)
     out[np.arange(T) < lengths[:, None]] = flat  # row-major: each row's first len(row) columns, rows in order
     return torch.from_numpy(out)

@@ -35,6 +35,7 @@ from hybrid_core.types import MetricsRow, RunRef, StageResult
 from hybrid_core.workers import rank_group
 from hybrid_core.workers.checkpoints import CheckpointKeeper
 from hybrid_core.workers.faults import FaultPoints
+from hybrid_core.workers.remote_forwards import RemoteForwards
 from hybrid_core.workers.stage_clock import freeze_startup_heap, stamped
 from hybrid_core.workers.step_ledger import VOLATILE_METRICS, StepLedger, check_reproduced, result_from_entry
 from hybrid_core.workers.weight_sender import WeightSender
@@ -67,6 +68,7 @@ class ActorWorkerArgs:
     sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
     engines: EngineLayout  # the rollout engines and which actor rank feeds each of their TP workers
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
+    starts_forwards_early: bool  # the reward stage keeps off the GPU: its forwards run beside it (`start_forwards`)
     faults: tuple = ()
 
 
@@ -98,6 +100,7 @@ class ActorWorker:
         self.kl_controller = make_kl_controller(args.kl)
         self.sinks = MetricSinks(args.sinks) if rank == 0 else None
         self.policy_version, self.trained_step = 0, 0
+        self.forwards = RemoteForwards(run, args.roles, dict(args.role_ranks), args.ds.ring_attn_size)
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, run.stage_timeout_s)
         self.checkpoints = CheckpointKeeper(self)
         freeze_startup_heap()
@@ -122,7 +125,7 @@ class ActorWorker:
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         policy = None if self._old_from_update(step) else _ShardedPolicy(self)
         table, stats = make_advantage_table(policy, self.store.read(step, ROLLOUT.name),
-                                            self.store.read(step, "reward"), self._sources(), settings,
+                                            self.store.read(step, "reward"), self._sources(step), settings,
                                             self.args.penalties, self.args.experience_batching)
         stats |= memory_peak_gib("actor_experience") | {"kl_coef": self.kl_controller.coef,
                                                          "num_samples": float(table.num_rows)}
@@ -137,21 +140,24 @@ class ActorWorker:
         return a.is_update_on_policy and step > a.freezing_steps and \
             not reads_old_logprobs("ref" in a.roles, a.advantage.kl_use_loss)
 
-    def _sources(self):
+    def _sources(self, step: int):
         from hybrid_core.engines.experience_maker import ExperienceSources
 
-        return ExperienceSources(
-            ref_logprobs=self._remote_forward("ref", "logprobs") if "ref" in self.args.roles else None,
-            values=self._remote_forward("critic", "values") if "critic" in self.args.roles else None)
+        return ExperienceSources(**self.forwards.sources(step))
 
-    def _remote_forward(self, role: str, method: str):
-        """`role`'s forward of the rows, its ranks (or rings of ranks) each taking a share."""
-        def forward(prompt_ids, response_ids):
-            workers = rank_group.all_ranks(self.run, role, self._num_ranks(role))
-            remote = [(rank, lambda p, r, w=w: getattr(w, method).remote(p, r)) for rank, w in enumerate(workers)]
-            return rank_group.sharded_rows(prompt_ids, response_ids, role, remote, self.run.stage_timeout_s,
-                                           ring_size=self.args.ds.ring_attn_size)
-        return forward
+    def start_forwards(self, step: int) -> bool:
+        """Called as the reward stage begins: start the reference's and critic's forwards of step `step`'s committed
+        rollout, so their GPUs work while the reward is computed on the host; `make_experience` collects them.
+        Nothing starts when a reward model shares the GPUs or the advantage stage will be replayed. Returns
+        whether any started."""
+        if not self.args.starts_forwards_early or self.ledger.entry(step, ADVANTAGE.name) is not None:
+            return False
+        rollout = self.store.read(step, ROLLOUT.name)
+        started = self.forwards.start_early(step, rollout.column("prompt_ids").to_pylist(),
+                                            rollout.column("response_ids").to_pylist())
+        if started:
+            self.store.log_event(step, ADVANTAGE.name, "forwards-started")
+        return started
 
     def _num_ranks(self, role: str) -> int:
         return dict(self.args.role_ranks).get(role, 1)

@@ -82,24 +82,43 @@ def gather(role: str, pending: Sequence[tuple[int, object]], timeout_s: float, d
     return results
 
 
-def sharded_rows(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
-                 timeout_s: float, local: Callable | None = None, ring_size: int = 1) -> list:
-    """One result per row, computed in shares: `local` (this process, rank 0, the first share) while every remote
-    `(rank, call)` (returning an object ref; ranks in order) computes one of the following shares. Every rank is
-    called, an empty share included: ZeRO-3 ranks gather the weights inside each forward, so each must join its
-    peers' forwards. With `ring_size` > 1 each ring of that many consecutive ranks takes one share, all its ranks the
-    same rows, and the results of its first rank are kept (every rank of a ring returns the gathered whole)."""
-    deadline = _deadline(timeout_s)
-    calls = ([(0, local)] if local is not None else []) + list(remote)
+class StartedShares:
+    """Remote shares of a forward, running: `rows` waits for them and returns their rows in order."""
+
+    def __init__(self, role: str, pending: list[tuple[int, object]], ring_size: int):
+        self.role, self.pending, self.ring_size = role, pending, ring_size
+
+    def rows(self, timeout_s: float, deadline: float | None = None) -> list:
+        rows = []
+        for (rank, _), result in zip(self.pending, gather(self.role, self.pending, timeout_s, deadline)):
+            if rank % self.ring_size == 0:  # the ring's other ranks returned the same rows
+                rows.extend(result)
+        return rows
+
+
+def start_shares(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
+                 ring_size: int = 1, has_local: bool = False) -> tuple[StartedShares, tuple[int, int] | None]:
+    """Start every remote `(rank, call)` (returning an object ref; ranks in order) on its share of the rows, after
+    the first share when `has_local` (this process, rank 0, computes that one). Returns the started shares and the
+    bounds of the local share (None without one). Every rank is called, an empty share included: ZeRO-3 ranks gather
+    the weights inside each forward, so each must join its peers' forwards. With `ring_size` > 1 each ring of that
+    many consecutive ranks takes one share, all its ranks the same rows."""
+    calls = ([(0, None)] if has_local else []) + list(remote)
     bounds = share_bounds(len(prompt_ids), len(calls) // ring_size)
     shares = [(rank, call, *bounds[i // ring_size]) for i, (rank, call) in enumerate(calls)]
-    pending = [(rank, call(prompt_ids[a:b], response_ids[a:b])) for rank, call, a, b in shares if call is not local]
-    own = shares[0] if shares and shares[0][1] is local else None
-    rows = list(local(prompt_ids[own[2]:own[3]], response_ids[own[2]:own[3]])) if own else []
-    for (rank, _), result in zip(pending, gather(role, pending, timeout_s, deadline)):
-        if rank % ring_size == 0:  # the ring's other ranks returned the same rows
-            rows.extend(result)
-    return rows
+    pending = [(rank, call(prompt_ids[a:b], response_ids[a:b])) for rank, call, a, b in shares if call is not None]
+    return StartedShares(role, pending, ring_size), (shares[0][2], shares[0][3]) if has_local else None
+
+
+def sharded_rows(prompt_ids: Rows, response_ids: Rows, role: str, remote: Sequence[tuple[int, Callable]],
+                 timeout_s: float, local: Callable | None = None, ring_size: int = 1) -> list:
+    """One result per row, computed in shares (`start_shares`): `local` (this process, rank 0, the first share)
+    while every remote `(rank, call)` computes one of the following shares; the results of a ring's first rank are
+    kept (every rank of a ring returns the gathered whole)."""
+    deadline = _deadline(timeout_s)
+    started, own = start_shares(prompt_ids, response_ids, role, remote, ring_size, has_local=local is not None)
+    rows = list(local(prompt_ids[own[0]:own[1]], response_ids[own[0]:own[1]])) if own else []
+    return rows + started.rows(timeout_s, deadline)
 
 
 def with_peers(role: str, peer_calls: Sequence[tuple[int, object]], own: Callable, timeout_s: float):

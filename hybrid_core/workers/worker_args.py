@@ -203,7 +203,8 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
-        engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()), faults=faults)
+        engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()),
+        starts_forwards_early=not cfg.uses_reward_model, faults=faults)
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:

@@ -227,3 +227,29 @@ def test_the_flow_logs_no_disassembly_of_the_prompt_loader(reference_run, prefec
     messages = [log.message for log in logs]
     assert any("steps 1..3 of 3" in m for m in messages)  # the flow's own printed lines still reach its log
     assert not [m for m in messages if "LOAD_GLOBAL" in m or "RESUME" in m]
+
+
+def test_the_reference_forward_runs_beside_the_reward_stage(reference_run):
+    """The advantage stage's reference forward starts as the reward stage begins (events.jsonl: after the rollout's
+    commit, before the reward's), and the stage commits that forward's result: the frozen reference's logprobs of
+    the step's committed rollout, recomputed here."""
+    import torch
+
+    from hybrid_core.engines.frozen_model import FrozenModel, load_tokenizer
+    from hybrid_core.engines.sequence_batch import pad
+    from hybrid_core.workers.worker_args import ref_settings
+
+    cfg, result = reference_run
+    events = [json.loads(line) for line in (Path(result.run_dir) / "events.jsonl").read_text().splitlines()]
+    when = {(e["step"], e["stage"], e["event"]): e["time"] for e in events}
+    reference = FrozenModel(ref_settings(cfg), load_tokenizer(cfg.actor.model_name_or_path).pad_token_id)
+    for step in (1, 2, 3):
+        started = when[(step, "advantage", "forwards-started")]
+        assert when[(step, "rollout", "commit")] <= started <= when[(step, "reward", "commit")]
+        rollout = pds.dataset(f"{result.run_dir}/steps/{step}/rollout", format="parquet").to_table()
+        committed = pds.dataset(f"{result.run_dir}/steps/{step}/advantage", format="parquet").to_table()
+        expected = reference.logprobs(rollout.column("prompt_ids").to_pylist(),
+                                      rollout.column("response_ids").to_pylist())
+        assert [len(row) for row in expected] == [len(row) for row in rollout.column("response_ids").to_pylist()]
+        torch.testing.assert_close(pad(committed.column("ref_logprobs").to_pylist()), pad(expected), rtol=0,
+                                   atol=1e-6)

@@ -203,7 +203,8 @@ class HostCopy:
     queued, so the GPU does not wait for the host between micro-batches)."""
 
     def __init__(self, values: torch.Tensor, response_mask: torch.Tensor):
-        self.values, self.mask = (t.to("cpu", non_blocking=t.is_cuda) for t in (values, response_mask))  # pinned
+        self.values = values.to("cpu", non_blocking=values.is_cuda)  # non-blocking: into pinned host memory
+        self.mask = response_mask.to("cpu", non_blocking=response_mask.is_cuda)
         self.copied = torch.cuda.Event() if values.is_cuda or response_mask.is_cuda else None
         if self.copied is not None:
             self.copied.record()

@@ -125,7 +125,7 @@ class ActorWorker:
         settings = dataclasses.replace(self.args.advantage, kl_coef=self.kl_controller.coef)
         policy = None if self._old_from_update(step) else _ShardedPolicy(self)
         table, stats = make_advantage_table(policy, self.store.read(step, ROLLOUT.name),
-                                            self.store.read(step, "reward"), self._sources(step), settings,
+                                            self.store.read(step, "reward"), self.forwards.sources(step), settings,
                                             self.args.penalties, self.args.experience_batching)
         stats |= memory_peak_gib("actor_experience") | {"kl_coef": self.kl_controller.coef,
                                                          "num_samples": float(table.num_rows)}
@@ -139,11 +139,6 @@ class ActorWorker:
         a = self.args
         return a.is_update_on_policy and step > a.freezing_steps and \
             not reads_old_logprobs("ref" in a.roles, a.advantage.kl_use_loss)
-
-    def _sources(self, step: int):
-        from hybrid_core.engines.experience_maker import ExperienceSources
-
-        return ExperienceSources(**self.forwards.sources(step))
 
     def start_forwards(self, step: int) -> bool:
         """Called as the reward stage begins: start the reference's and critic's forwards of step `step`'s committed

@@ -1,5 +1,5 @@
-"""The advantage stage's forwards on other workers: the reference's logprobs and the critic's values of a step's rollout,
-each over its role's ranks in shares (`rank_group`).
+"""The advantage stage's forwards on other workers: the reference's logprobs and the critic's values of a step's
+rollout, each over its role's ranks in shares (`rank_group`).
 
 Owns starting them early: the reward stage scores the committed rollout on the host while these forwards of the same
 rows run on the GPU, and the advantage stage then collects them instead of starting them itself. Started forwards are
@@ -8,14 +8,12 @@ the store.
 """
 from __future__ import annotations
 
-from typing import Callable
-
+from hybrid_core.engines.experience_maker import ExperienceSources, SequenceForward
 from hybrid_core.types import RunRef
 from hybrid_core.workers import rank_group
 
 # ExperienceSources field → (role, its worker's method)
 FORWARDS = {"ref_logprobs": ("ref", "logprobs"), "values": ("critic", "values")}
-SequenceForward = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
 
 
 class RemoteForwards:
@@ -40,12 +38,13 @@ class RemoteForwards:
             self.early = (step, {name: self._start(name, prompt_ids, response_ids) for name in self.names})
         return bool(self.early[1])
 
-    def sources(self, step: int) -> dict[str, SequenceForward]:
-        """ExperienceSources' fields for step `step`: its early forwards where they were started (the rows given
-        must then be the ones they were started on), the forwards themselves otherwise."""
+    def sources(self, step: int) -> ExperienceSources:
+        """The advantage stage's sources for step `step`: its early forwards where they were started (the rows
+        given must then be the ones they were started on), the forwards themselves otherwise."""
         early = self.early[1] if self.early is not None and self.early[0] == step else {}
         self.early = None
-        return {name: self._collect(early[name]) if name in early else self._forward(name) for name in self.names}
+        return ExperienceSources(**{name: self._collect(early[name]) if name in early else self._forward(name)
+                                    for name in self.names})
 
     def _forward(self, name: str) -> SequenceForward:
         return lambda prompt_ids, response_ids: self._start(name, prompt_ids, response_ids).rows(

@@ -1,10 +1,14 @@
 """Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the
 iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's
 own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
-the sampled token's logprob. One generate (256 new tokens, or --profiled-tokens; seeded, without logprobs, as a
+the sampled token's logprob, with the garbage collector off (`_gc_off`). One more generate is split by host call
+(`host_split.py`: scheduling, input preparation and launches, the wait for the sampled tokens, output processing,
+the collector's pauses), so the host's milliseconds a step stand beside the GPU's. One generate (256 new tokens, or --profiled-tokens; seeded, without logprobs, as a
 rollout calls it by default) runs under the CUDA profiler: the kernels' summed time against the wall says whether
-the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which. --attention-backend builds the engine with another of vLLM's
-attention backends (e.g. TRITON_ATTN against FlashAttention 3's decode at this shape).
+the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which.
+--attention-backend builds the engine with another of vLLM's attention backends (e.g. TRITON_ATTN against
+FlashAttention 3's decode at this shape); --fa-max-splits caps FlashAttention 3's split of a sequence's KV cache
+under CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
@@ -49,6 +53,29 @@ def generate_tok_s(engine, prompts, new_tokens: int, seeded: bool, logprobs: boo
     return sum(len(c.token_ids) for samples in out for c in samples) / seconds
 
 
+def gc_off_tok_s(engine, prompts) -> float:
+    """The rollout's own call with Python's garbage collector off, as `generate_tok_s` measures it."""
+    import gc
+
+    gc.disable()
+    try:
+        return generate_tok_s(engine, prompts, NEW_TOKENS, seeded=True, logprobs=False)
+    finally:
+        gc.enable()
+
+
+def host_split_figures(engine, prompts) -> dict:
+    """One generate of the rollout's own call, every host call of its decode steps timed (`host_split.py`)."""
+    from host_split import host_split
+
+    with host_split(engine.llm) as split:
+        rate = generate_tok_s(engine, prompts, NEW_TOKENS, seeded=True, logprobs=False)
+    figures = split.figures()
+    steps = figures.get("engine_step", {}).get("calls", 0)
+    return {"tok_s": rate, "engine_steps": steps, "calls": figures,
+            "ms_a_step": {name: 1e3 * f["s"] / max(steps, 1) for name, f in figures.items()}}
+
+
 def kernel_profile(engine, prompts, new_tokens: int) -> dict:
     """One generate of `new_tokens` under the CUDA profiler: wall, summed kernel time and the top kernels."""
     import torch
@@ -79,13 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-level", type=int, choices=(1, 2), help="sleep mode on; measure again after a sleep")
     parser.add_argument("--profiled-tokens", type=int, default=PROFILED_TOKENS, help="new tokens of the profiled run")
     parser.add_argument("--attention-backend", help="vLLM's attention backend by name (default: vLLM's choice)")
+    parser.add_argument("--fa-max-splits", type=int, help="FlashAttention 3's most KV splits under CUDA graphs")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
                                  "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
-                                 "attention_backend": args.attention_backend})
+                                 "attention_backend": args.attention_backend, "fa_max_splits": args.fa_max_splits})
+    if args.fa_max_splits:
+        cap_attention_splits(args.fa_max_splits)
     gbps = device_copy_gbps()
     roofline, terms = _roofline(args.model, gbps, PROMPTS * SAMPLES, mean_context=PROMPT_TOKENS + NEW_TOKENS / 2)
     results.figure("roofline_tok_s", {"tok_s": roofline, "terms": terms})
@@ -99,11 +129,30 @@ def main(argv: list[str] | None = None) -> int:
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
     measure_variants(engine, prompts, args, roofline, results, suffix="")
+    results.figure("host_split", host_split_figures(engine, prompts))
+    rates = [gc_off_tok_s(engine, prompts) for _ in range(args.trials)]
+    results.figure("gen_tok_s_seeded_no_logprobs_gc_off", {"median": statistics.median(rates), "trials": rates,
+                                                           "fraction_of_roofline": statistics.median(rates) / roofline})
     if args.sleep_level is not None:
         results.figure("sleep_cycle_s", timed(lambda: sleep_and_wake(engine, args.model))[0])
         measure_variants(engine, prompts, args, roofline, results, suffix="_after_sleep")
     results.figure("profile", kernel_profile(engine, prompts, args.profiled_tokens))
     return 0
+
+
+def cap_attention_splits(max_splits: int) -> None:
+    """Engines built after this pass vLLM `attention_config.flash_attn_max_num_splits_for_cuda_graph`."""
+    from hybrid_core.engines import vllm_rollout
+
+    options_of = vllm_rollout.engine_options
+
+    def with_cap(settings, platform):
+        options = options_of(settings, platform)
+        options["attention_config"] = options.get("attention_config", {}) | {
+            "flash_attn_max_num_splits_for_cuda_graph": max_splits}
+        return options
+
+    vllm_rollout.engine_options = with_cap
 
 
 def measure_variants(engine, prompts, args, roofline: float, results, suffix: str) -> None:

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 class HostSplit:
     """Accumulated seconds and calls by name."""
 
-    def __init__(self):
+    def __init__(self, ranges: bool = False):
+        self.ranges = ranges  # each timed call is also a range of torch's profiler (`gpu_gaps.py` reads them)
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self._gc_started: float | None = None
@@ -42,7 +43,12 @@ class HostSplit:
         def timed_call(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(*args, **kwargs)
+                if not self.ranges:
+                    return original(*args, **kwargs)
+                from torch.profiler import record_function
+
+                with record_function(f"host:{name}"):
+                    return original(*args, **kwargs)
             finally:
                 self.seconds[name] += time.perf_counter() - start
                 self.calls[name] += 1
@@ -79,9 +85,10 @@ class HostSplit:
 
 
 @contextmanager
-def host_split(llm):
-    """Within the block, every decode step of `llm` (an in-process vLLM `LLM`) is split by host call."""
-    split = HostSplit()
+def host_split(llm, ranges: bool = False):
+    """Within the block, every decode step of `llm` (an in-process vLLM `LLM`) is split by host call (`ranges`:
+    each call also a `host:NAME` range of torch's profiler)."""
+    split = HostSplit(ranges=ranges)
     engine = llm.llm_engine
     core = engine.engine_core.engine_core
     split.wrap(engine, "step", "engine_step")

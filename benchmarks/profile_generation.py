@@ -3,9 +3,10 @@ iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, igno
 own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
 the sampled token's logprob, with the garbage collector off (`_gc_off`). One more generate is split by host call
 (`host_split.py`: scheduling, input preparation and launches, the wait for the sampled tokens, output processing,
-the collector's pauses), so the host's milliseconds a step stand beside the GPU's. One generate (256 new tokens, or --profiled-tokens; seeded, without logprobs, as a
-rollout calls it by default) runs under the CUDA profiler: the kernels' summed time against the wall says whether
-the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which.
+the collector's pauses), so the host's milliseconds a step stand beside the GPU's; --trace-tokens traces one more
+under torch's profiler and says what the host does while the GPU idles (`gpu_gaps.py`). One generate (256 new
+tokens, or --profiled-tokens; seeded, without logprobs, as a rollout calls it by default) runs under the CUDA
+profiler: the kernels' summed time against the wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which.
 --attention-backend builds the engine with another of vLLM's attention backends (e.g. TRITON_ATTN against
 FlashAttention 3's decode at this shape); --fa-max-splits caps FlashAttention 3's split of a sequence's KV cache
 under CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
@@ -76,6 +77,31 @@ def host_split_figures(engine, prompts) -> dict:
             "ms_a_step": {name: 1e3 * f["s"] / max(steps, 1) for name, f in figures.items()}}
 
 
+def traced_gaps(engine, prompts, new_tokens: int, out_dir: Path) -> dict:
+    """One generate of `new_tokens` under torch's profiler (CPU and CUDA) with the host calls as ranges: where the
+    GPU idles and what the host does meanwhile (`gpu_gaps.py`); the trace is kept beside the results, gzipped."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpu_gaps import gap_figures
+    from host_split import host_split
+    from hybrid_core.engines.vllm_rollout import SamplingSettings
+
+    sampling = SamplingSettings(n=SAMPLES, max_new_tokens=new_tokens, ignore_eos=True, logprobs=False)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with host_split(engine.llm, ranges=True):
+            engine.generate(prompts, sampling, list(range(len(prompts))))
+    trace = out_dir / "gen-trace.json"
+    prof.export_chrome_trace(str(trace))
+    figures = gap_figures(trace)
+    with trace.open("rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
+    return figures
+
+
 def kernel_profile(engine, prompts, new_tokens: int) -> dict:
     """One generate of `new_tokens` under the CUDA profiler: wall, summed kernel time and the top kernels."""
     import torch
@@ -106,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sleep-level", type=int, choices=(1, 2), help="sleep mode on; measure again after a sleep")
     parser.add_argument("--profiled-tokens", type=int, default=PROFILED_TOKENS, help="new tokens of the profiled run")
     parser.add_argument("--attention-backend", help="vLLM's attention backend by name (default: vLLM's choice)")
+    parser.add_argument("--trace-tokens", type=int, default=0, help="new tokens of a traced run (0: none)")
     parser.add_argument("--fa-max-splits", type=int, help="FlashAttention 3's most KV splits under CUDA graphs")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
@@ -136,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.sleep_level is not None:
         results.figure("sleep_cycle_s", timed(lambda: sleep_and_wake(engine, args.model))[0])
         measure_variants(engine, prompts, args, roofline, results, suffix="_after_sleep")
+    if args.trace_tokens:
+        results.figure("gpu_gaps", traced_gaps(engine, prompts, args.trace_tokens, args.out.parent))
     results.figure("profile", kernel_profile(engine, prompts, args.profiled_tokens))
     return 0
 

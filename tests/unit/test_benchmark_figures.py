@@ -99,3 +99,29 @@ def test_machine_counters_are_parsed_and_averaged_over_each_stage_window():
                                                    "advantage": {"sm_mhz": 1800.0, "cpu_busy": 0.75,
                                                                  "sm_mhz_min": 1800.0, "samples": 1}}}
     assert counters["window_means"](samples, 14.0, 15.0) == {"samples": 0}
+
+
+def test_gpu_idle_time_is_attributed_to_the_innermost_host_call_and_the_activity_that_ended_it(tmp_path):
+    gap_figures = runpy.run_path(str(REPO_ROOT / "benchmarks" / "gpu_gaps.py"))["gap_figures"]
+
+    def event(name, start, duration, category):
+        return {"ph": "X", "name": name, "ts": start, "dur": duration, "cat": category}
+
+    # two engine steps, 0–100 µs and 100–180 µs; the GPU works 0–30, 20–50 (overlapping), 70–130 and 170–180
+    trace = [event("host:engine_step", 0, 100, "user_annotation"),
+             event("host:schedule", 40, 40, "user_annotation"),
+             event("host:engine_step", 100, 80, "user_annotation"),
+             event("host:update_from_output", 130, 30, "user_annotation"),
+             event("graph", 0, 30, "kernel"), event("graph", 20, 30, "kernel"),
+             event("sampler", 70, 60, "kernel"), event("copy", 170, 10, "gpu_memcpy"),
+             event("aten::mm", 55, 500, "cpu_op")]  # host work outside the ranges is not GPU activity
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": trace}))
+    figures = gap_figures(tmp_path / "trace.json")
+    # idle 50–70 (schedule open from 40 to 80 → all of it schedule) and 130–170 (update 130–160, engine_step 160–170)
+    assert figures["steps"] == 2
+    assert figures["gaps"] == 2
+    assert figures["gpu_idle_s"] == 60e-6
+    assert figures["gpu_busy_fraction"] == 1 - 60 / 180
+    assert figures["idle_ms_a_step_by_host_range"] == {"host:update_from_output": 30e-3 / 2,
+                                                        "host:schedule": 20e-3 / 2, "host:engine_step": 10e-3 / 2}
+    assert figures["idle_ms_a_step_by_next_gpu_activity"] == {"copy": 40e-3 / 2, "sampler": 20e-3 / 2}

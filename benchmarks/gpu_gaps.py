@@ -28,8 +28,8 @@ def load_events(trace: Path) -> tuple[list[tuple[float, float, str]], list[tuple
         interval = (float(event["ts"]), float(event["ts"]) + float(event["dur"]), str(event.get("name", "")))
         if event.get("cat") in GPU_CATEGORIES:
             gpu.append(interval)
-        elif interval[2].startswith("host:"):
-            host.append(interval)
+        elif event.get("cat") == "user_annotation" and interval[2].startswith("host:"):
+            host.append(interval)  # not `gpu_user_annotation`: the GPU-side shadow of a range
     return sorted(gpu), sorted(host)
 
 

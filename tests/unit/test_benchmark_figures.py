@@ -109,6 +109,7 @@ def test_gpu_idle_time_is_attributed_to_the_innermost_host_call_and_the_activity
 
     # two engine steps, 0–100 µs and 100–180 µs; the GPU works 0–30, 20–50 (overlapping), 70–130 and 170–180
     trace = [event("host:engine_step", 0, 100, "user_annotation"),
+             event("host:sample_tokens", 55, 5, "gpu_user_annotation"),  # a range's GPU-side shadow: not host
              event("host:schedule", 40, 40, "user_annotation"),
              event("host:engine_step", 100, 80, "user_annotation"),
              event("host:update_from_output", 130, 30, "user_annotation"),

@@ -4,7 +4,8 @@ Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*
 whole iteration), and for both the h200-bench-*.json files of runs that measured some of each; a figure comes from the
 newest file that has it, by the date in its name (then by name). The peer table (issue 17) reads one
 session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name in which
-a peer ran, so the systems it sets side by side ran on the same machine, back to back. Checks each target and
+`hybrid train` and a peer both measured a step wall, so the systems it sets side by side ran on the same machine,
+back to back. Checks each target and
 prints Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
 Usage: python benchmarks/perf_table.py [--write]
 """
@@ -159,7 +160,8 @@ def render_train(figures: dict) -> str:
 
 def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tuple[dict, str]]]:
     """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files. A
-    session counts once a peer ran in it: one of `hybrid train` alone compares with nothing."""
+    session counts once it measured a comparison: a step wall of `hybrid train` and of a peer (one of either alone,
+    or one whose `hybrid train` was cut off before its steps 2–3, compares with nothing)."""
     sessions: dict[str, dict] = {}
     for path in sorted(results_dir.glob("h200-peers-*.json")):
         found = PEER_FILE.fullmatch(path.name)
@@ -167,7 +169,9 @@ def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tup
             data = json.loads(path.read_text())
             source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
             sessions.setdefault(found["tag"], {})[found["system"]] = (data["figures"], source)
-    sessions = {tag: runs for tag, runs in sessions.items() if set(runs) - {"hybrid"}}
+    measured = {tag: {system for system, (figures, _) in runs.items() if "iteration_wall_s" in figures}
+                for tag, runs in sessions.items()}
+    sessions = {tag: runs for tag, runs in sessions.items() if "hybrid" in measured[tag] and measured[tag] - {"hybrid"}}
     if not sessions:
         return None, {}
     tag = max(sessions)

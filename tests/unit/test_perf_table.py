@@ -84,14 +84,17 @@ def test_peer_table_reads_the_newest_session_and_says_what_is_missing(tmp_path):
     for name, run in (("h200-peers-2026-12-01-hybrid.json", HYBRID), ("h200-peers-2026-12-01-trl.json", TRL),
                       ("h200-peers-2026-12-05-hybrid.json", _peer_run(20.0, {}, "def5678")),
                       ("h200-peers-2026-12-05-openrlhf.json", {**OPENRLHF, "figures": {}}),  # cut off in step 1
+                      ("h200-peers-2026-12-05-trl.json", TRL),
                       ("h200-hybrid-2026-12-05.json", HYBRID),
-                      ("h200-peers-2026-12-06-hybrid.json", HYBRID)):  # no peer ran that session: not compared
+                      ("h200-peers-2026-12-06-hybrid.json", HYBRID),  # no peer ran that session: not compared
+                      ("h200-peers-2026-12-07-hybrid.json", {**HYBRID, "figures": {}}),  # ours cut off: neither
+                      ("h200-peers-2026-12-07-trl.json", TRL)):
         (tmp_path / name).write_text(json.dumps(run))
     tag, runs = perf_table["peer_session"](tmp_path)
-    assert tag == "2026-12-05" and sorted(runs) == ["hybrid", "openrlhf"]
+    assert tag == "2026-12-05" and sorted(runs) == ["hybrid", "openrlhf", "trl"]
     lines = perf_table["render_peers"](tag, runs).splitlines()
     assert lines[3] == "| OpenRLHF 0.11.2 `train_ppo_ray` | not measured yet |  |  |  |  |  |"
-    assert lines[4].startswith("| TRL 1.16 `GRPOTrainer` | not measured yet |")  # the older session's does not count
-    assert "Speed-up of `hybrid train`: not measured yet" in lines[6]
+    assert lines[4].startswith("| TRL 1.16 `GRPOTrainer` | 39.7 s |")
+    assert "1.99× the fastest peer (TRL 1.16 `GRPOTrainer`)" in lines[6]
     assert "`h200-peers-2026-12-05-hybrid.json @ def5678`" in lines[8]
     assert perf_table["peer_session"](tmp_path / "none") == (None, {})

@@ -178,8 +178,11 @@ def test_a_failing_reward_function_and_killed_workers_are_fixed_by_resuming(head
     assert [e["step"] for e in events(run_dir) if e["event"] == "commit" and e["stage"] == "advantage"] == [1, 2]
     fix()
     for n, (role_class, step, stage) in enumerate([("ActorWorker", 4, "train"), ("RolloutWorker", 5, "rollout")]):
-        resumed = head.train("--resume", str(run_dir), "--train.retry_delay_s", "1", log=tmp_path / f"{n}.log")
-        wait_for_event(run_dir, step, stage, "start", resumed)
+        # the worker holds at the stage's start (its release file never comes) until it is killed: a micro train
+        # stage ends in ~80 ms, sooner than a kill aimed at its start event can land on a loaded machine
+        resumed = head.train("--resume", str(run_dir), "--train.retry_delay_s", "1", log=tmp_path / f"{n}.log",
+                             faults=f"hold:{step}:{stage}:start", release=tmp_path / "never")
+        wait_for_event(run_dir, step, stage, "fault", resumed)
         kill_worker(head, role_class)
         assert_fails_naming_the_dead_worker(resumed, tmp_path / f"{n}.log", role_class, step, stage)
     resumed = head.train("--resume", str(run_dir), log=tmp_path / "fixed.log")

@@ -13,8 +13,8 @@ under CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
-With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process: the rates compare the two layouts,
-but the profiler, in this process, then sees none of the engine's kernels. With --sleep-level the engine is built
+With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process, with --executor-backend mp the model
+runner alone: the rates compare the layouts, but the profiler, in this process, then sees none of the kernels. With --sleep-level the engine is built
 as a run builds it (sleep mode: its weights and KV cache in vLLM's own virtual-memory pool), measured, put to sleep
 at that level and woken (level 2: its weights loaded again from the checkpoint, as a sync does) and measured
 again: the figures ending `_after_sleep`.
@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiled-tokens", type=int, default=PROFILED_TOKENS, help="new tokens of the profiled run")
     parser.add_argument("--attention-backend", help="vLLM's attention backend by name (default: vLLM's choice)")
     parser.add_argument("--trace-tokens", type=int, default=0, help="new tokens of a traced run (0: none)")
+    parser.add_argument("--executor-backend", choices=("uni", "mp"), help="vLLM's executor of the engine's worker "
+                        "(mp: the model runner in a child process beside the scheduler; the host split then times "
+                        "the calls into it)")
     parser.add_argument("--fa-max-splits", type=int, help="FlashAttention 3's most KV splits under CUDA graphs")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
                                  "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
-                                 "attention_backend": args.attention_backend, "fa_max_splits": args.fa_max_splits})
+                                 "attention_backend": args.attention_backend, "fa_max_splits": args.fa_max_splits,
+                                 "executor_backend": args.executor_backend})
     if args.fa_max_splits:
         cap_attention_splits(args.fa_max_splits)
     gbps = device_copy_gbps()
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                                               gpu_memory_utilization=args.gpu_memory_utilization,
                                               enable_sleep=args.sleep_level is not None,
                                               sleep_level=args.sleep_level or 1,
-                                              attention_backend=args.attention_backend))
+                                              attention_backend=args.attention_backend,
+                                              executor_backend=args.executor_backend))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))

@@ -17,7 +17,23 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
-            *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg)]
+            *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg)]
+
+
+def _executor_problems(cfg: RunConfig) -> list[str]:
+    """`vllm.executor_backend` chooses between vLLM's two ways of running one TP worker; several have theirs. A
+    worker in a child process takes GPU weights by CUDA IPC (colocated); a broadcast lands in the parent's GPU memory."""
+    backend, tp = cfg.vllm.executor_backend, cfg.vllm.tensor_parallel_size
+    problems = []
+    if backend is not None and tp > 1:
+        problems.append(f"vllm.executor_backend {backend!r} is for engines of one TP worker: got "
+                        f"vllm.tensor_parallel_size {tp} (its workers run as Ray actors on GPUs, as child processes "
+                        "on CPU); drop --vllm.executor_backend")
+    if backend == "mp" and cfg.train.device == "cuda" and not cfg.train.colocate_all:
+        problems.append("vllm.executor_backend 'mp' on GPUs needs train.colocate_all (the child process opens the "
+                        "actor's CUDA IPC weight buckets itself): got train.colocate_all=False; add "
+                        "--train.colocate_all or drop --vllm.executor_backend")
+    return problems
 
 
 def _correction_problems(cfg: RunConfig) -> list[str]:

@@ -21,13 +21,14 @@ from test_distributed_run_gpu import by_sample, mean_abs_by_sample
 pytestmark = pytest.mark.gpu
 
 
-def tp_config(standin, root, num_engines: int, tp: int):
+def tp_config(standin, root, num_engines: int, tp: int, executor: str | None = None):
     path = colocated_config(standin, root)
     cfg = yaml.safe_load(path.read_text())
     gpus = num_engines * tp
     cfg["actor"] |= {"num_gpus_per_node": gpus, "entropy_coef": 0.01}  # no reward on the stand-in: entropy moves it
     cfg["ref"] |= {"num_gpus_per_node": gpus}
-    cfg["vllm"] |= {"num_engines": num_engines, "tensor_parallel_size": tp}
+    cfg["vllm"] |= {"num_engines": num_engines, "tensor_parallel_size": tp} | ({"executor_backend": executor}
+                                                                           if executor else {})
     # two optimizer steps a step: not on-policy, so the advantage stage commits the actor's own logprobs (compared)
     cfg["train"] |= {"batch_size": 4, "micro_batch_size": 2}
     cfg["rollout"] |= {"logprobs": True}  # compared below; nothing of the run reads them, so they are asked for
@@ -36,13 +37,14 @@ def tp_config(standin, root, num_engines: int, tp: int):
     return path
 
 
-# 1 × TP 1: one GPU, the engine in the rollout worker's process; DeepSpeed's deferred sleep copies beside the sync
-@pytest.mark.parametrize(("num_engines", "tp"), [(1, 1), (1, 2), (2, 2)],
-                         ids=["1-engine-tp1", "1-engine-tp2", "2-engines-tp2"])
-def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda, tmp_path, num_engines, tp):
+# 1 × TP 1: one GPU, the engine in the rollout worker's process (or, `mp`, its model runner in a child process that
+# opens the buckets' CUDA IPC handles itself); DeepSpeed's deferred sleep copies beside the sync
+@pytest.mark.parametrize(("num_engines", "tp", "executor"), [(1, 1, None), (1, 1, "mp"), (1, 2, None), (2, 2, None)],
+                         ids=["1-engine-tp1", "1-engine-tp1-mp", "1-engine-tp2", "2-engines-tp2"])
+def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda, tmp_path, num_engines, tp, executor):
     if cuda.cuda.device_count() < num_engines * tp:
         pytest.skip(f"needs {num_engines * tp} GPUs ({num_engines} engines × TP {tp})")
-    config = tp_config(standin, tmp_path, num_engines, tp)
+    config = tp_config(standin, tmp_path, num_engines, tp, executor)
     done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", str(config), "--run_id", "tp"],
                           cwd=REPO_ROOT, env=product_env(tmp_path), capture_output=True, text=True, timeout=900)
     print(done.stdout[-6000:], done.stderr[-6000:])

@@ -1,8 +1,9 @@
 """`rollout.seed_per_prompt` on the real vLLM CPU build: per-prompt seeds make a rollout independent of batching and
 repeatable (what retries and resumes rely on); without them the engine's own generator draws the noise. The same
 seeds make an engine of two tensor-parallel workers (vLLM's CPU build runs them as child processes, gloo between
-them) generate the samples of one worker, and engines taking contiguous shares of the prompts generate what one
-engine does with all of them; a weight update changes the TP engine's samples exactly as the one-worker engine's."""
+them) generate the samples of one worker, as does one worker in a child process (`vllm.executor_backend mp`), and
+engines taking contiguous shares of the prompts generate what one engine does with all of them; a weight update
+changes the TP engine's and the child-process engine's samples exactly as the one-worker engine's."""
 from __future__ import annotations
 
 import pytest
@@ -19,21 +20,22 @@ PROMPTS = [Prompt(0, "abc", ""), Prompt(1, "hello", ""), Prompt(2, "xyz", "")]
 FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64)
 
 
-def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
+def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, executor_backend: str | None = None):
     """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
     a run; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
 
     @ray_session.remote(num_cpus=0)
     class SeedingEngine:
-        def __init__(self, model_path: str, tensor_parallel_size: int):
+        def __init__(self, model_path: str, tensor_parallel_size: int, executor_backend: str | None):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
             # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
 
             self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
                                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
-                                                           max_model_len=64, tensor_parallel_size=tensor_parallel_size))
+                                                           max_model_len=64, tensor_parallel_size=tensor_parallel_size,
+                                                           executor_backend=executor_backend))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
@@ -47,7 +49,7 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int):
             self.engine.finish_weight_update()
 
     env = {"env_vars": role_env("rollout", on_cpu=True)}
-    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size)
+    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,14 @@ def tp_engine(tiny_model, ray_session):
     every MLP and vocabulary matrix); killed with its workers at the end of the module. Started only when the first
     TP test needs it: building it beside the first engine's tests only made both slower on 2 cores."""
     actor = engine_actor(ray_session, str(tiny_model), 2)
+    yield actor
+    ray_session.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def mp_engine(tiny_model, ray_session):
+    """The one-worker engine with its model runner in a child process (vLLM's `mp` executor beside the scheduler)."""
+    actor = engine_actor(ray_session, str(tiny_model), 1, executor_backend="mp")
     yield actor
     ray_session.kill(actor)
 
@@ -137,16 +147,25 @@ def test_tp_workers_and_shared_out_engines_generate_one_engines_samples(engine, 
     assert_same_samples(generated(engine, PROMPTS[:2]) | generated(tp_engine, PROMPTS[2:]), one)
 
 
-def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, tiny_model):
-    """Last in the module: both engines keep the moved weights."""
+def test_a_model_runner_in_a_child_process_generates_the_in_process_engines_samples(engine, mp_engine):
+    """The same worker's maths in another process: the same tokens and bit-equal logprobs."""
+    def tokens_and_logprobs(rows):
+        return {key: (row["response_ids"], row["rollout_logprobs"]) for key, row in rows.items()}
+
+    assert tokens_and_logprobs(generated(mp_engine, PROMPTS)) == tokens_and_logprobs(generated(engine, PROMPTS))
+
+
+def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, mp_engine, tiny_model):
+    """Last in the module: the engines keep the moved weights."""
     from transformers import AutoModelForCausalLM
 
     before = generated(engine, PROMPTS)
     named = perturbed_weights(tiny_model)
-    ray.get([e.load_weights.remote(named) for e in (engine, tp_engine)], timeout=300)
+    ray.get([e.load_weights.remote(named) for e in (engine, tp_engine, mp_engine)], timeout=300)
     one, tp = generated(engine, PROMPTS), generated(tp_engine, PROMPTS)
     assert sum(one[k]["response_ids"] != before[k]["response_ids"] for k in one) >= 5  # of 6: the weights moved
     assert_same_samples(tp, one)
+    assert_same_samples(generated(mp_engine, PROMPTS), one)
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
     model.load_state_dict(dict(named))
     for key, row in tp.items():  # each worker kept its shard of the full tensors it was sent

@@ -125,6 +125,25 @@ def test_on_two_nodes_an_engine_and_its_tp_workers_sit_in_their_nodes_placement_
 def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():
     assert [executor_backend("cuda", 1), executor_backend("cuda", 2), executor_backend("cpu", 2)] == [
         None, "ray", "mp"]
+    # one worker: in this process unless the configuration asks for a child process
+    assert [executor_backend("cuda", 1, "uni"), executor_backend("cuda", 1, "mp"), executor_backend("cpu", 1, "mp")
+            ] == [None, "mp", "mp"]
+
+
+def test_a_one_worker_engine_can_run_its_model_runner_in_a_child_process_and_only_it():
+    from hybrid_core.config import ConfigError
+    from hybrid_core.workers.worker_args import engine_settings
+
+    cfg = parse_cli(["--actor.model_name_or_path", "m", "--vllm.executor_backend", "mp", "--train.colocate_all"])
+    assert engine_options(engine_settings(cfg), "cuda") == {"distributed_executor_backend": "mp"}
+    with pytest.raises(ConfigError) as info:
+        colocated(2, 1, 2, "--vllm.executor_backend", "mp")
+    assert info.value.problems == ["vllm.executor_backend 'mp' is for engines of one TP worker: got "
+                                   "vllm.tensor_parallel_size 2 (its workers run as Ray actors on GPUs, as child "
+                                   "processes on CPU); drop --vllm.executor_backend"]
+    with pytest.raises(ConfigError, match=r"vllm.executor_backend 'mp' on GPUs needs train.colocate_all .* got "
+                                          r"train.colocate_all=False; add --train.colocate_all or drop"):
+        parse_cli(["--actor.model_name_or_path", "m", "--vllm.executor_backend", "mp", "--vllm.num_engines", "1"])
 
 
 def test_the_engine_options_pass_what_the_configuration_sets_and_leave_the_rest_to_vllm():

@@ -193,6 +193,10 @@ def test_sleep_leaves_vllm_setting_the_peak_in_the_rollout_phase():
     assert plan.peak_gib == pytest.approx(111.84 + 3.2048206329 + 1.0 + 0.8 + 1.1591796875, rel=0, abs=1e-9)
     assert "vLLM reservation" not in terms(plan.phases[2])  # asleep while DeepSpeed trains
     assert plan.fits and plan.largest_term.name == "vLLM reservation"
+    # the model runner in a child process of the rollout worker: one more context
+    apart = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.8,
+                                         "executor_backend": "mp"}, ds={"enable_sleep": True}), H200_GIB)
+    assert terms(apart.phases[0])["CUDA contexts"] == 1.5
 
 
 def test_sleep_with_a_small_reservation_leaves_deepspeed_setting_the_peak():

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
+import subprocess
 import sys
 import time
+from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import vllm
 
-    results = Results(args.out, {"vllm": vllm.__version__, "requests": args.requests, "new_tokens": args.new_tokens,
-                                 "prompt_tokens": PROMPT_TOKENS, "machine": os.uname().nodename})
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    results = Results(args.out, {"git_sha": sha.stdout.strip() or "unknown", "date": str(date.today()),
+                                 "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor()}",
+                                 "vllm": vllm.__version__, "requests": args.requests, "new_tokens": args.new_tokens,
+                                 "prompt_tokens": PROMPT_TOKENS})
     for block_size in args.block_sizes:
         trials = [decode(make_scheduler(args.model, block_size, PROMPT_TOKENS + args.new_tokens + 16),
                          args.requests, args.new_tokens) for _ in range(args.trials)]

@@ -1,23 +1,23 @@
-"""Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the
-iteration's shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's
-own adapter, in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without
-the sampled token's logprob, with the garbage collector off (`_gc_off`). One more generate is split by host call
-(`host_split.py`: scheduling, input preparation and launches, the wait for the sampled tokens, output processing,
-the collector's pauses), so the host's milliseconds a step stand beside the GPU's; --trace-tokens traces one more
-under torch's profiler and says what the host does while the GPU idles (`gpu_gaps.py`). One generate (256 new
-tokens, or --profiled-tokens; seeded, without logprobs, as a rollout calls it by default) runs under the CUDA
-profiler: the kernels' summed time against the wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels say which.
---attention-backend builds the engine with another of vLLM's attention backends (e.g. TRITON_ATTN against
-FlashAttention 3's decode at this shape); --fa-max-splits caps FlashAttention 3's split of a sequence's KV cache
-under CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
+"""Where a rollout's generation time goes on the GPU (issue 17: generation at half its decode roofline): the iteration's
+shape (32 prompts × n=8, ~100-token prompts, 1,024 new tokens, ignore_eos) through the rollout worker's own adapter,
+in-process as the worker runs it, and variants in the same engine: without per-prompt seeds, without the sampled token's
+logprob, with the garbage collector off (`_gc_off`). One more generate is split by host call (`host_split.py`:
+scheduling, input preparation and launches, the wait for the sampled tokens, output processing, the collector's pauses),
+so the host's milliseconds a step stand beside the GPU's; --trace-tokens traces one more under torch's profiler and says
+what the host does while the GPU idles (`gpu_gaps.py`). One generate (256 new tokens, or --profiled-tokens; seeded,
+without logprobs, as a rollout calls it by default) runs under the CUDA profiler: the kernels' summed time against the
+wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels
+say which. --attention-backend builds the engine with another of vLLM's attention backends (e.g. TRITON_ATTN against
+FlashAttention 3's decode at this shape); --fa-max-splits caps FlashAttention 3's split of a sequence's KV cache under
+CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
 With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process, with --executor-backend mp the model
-runner alone: the rates compare the layouts, but the profiler, in this process, then sees none of the kernels. With --sleep-level the engine is built
-as a run builds it (sleep mode: its weights and KV cache in vLLM's own virtual-memory pool), measured, put to sleep
-at that level and woken (level 2: its weights loaded again from the checkpoint, as a sync does) and measured
-again: the figures ending `_after_sleep`.
+runner alone: the rates compare the layouts, but the profiler, in this process, then sees none of the kernels. With
+--sleep-level the engine is built as a run builds it (sleep mode: its weights and KV cache in vLLM's own virtual-memory
+pool), measured, put to sleep at that level and woken (level 2: its weights loaded again from the checkpoint, as a sync
+does) and measured again: the figures ending `_after_sleep`.
 
 Writes run_all's results file after every figure (a cut-off run keeps what it measured). Knows nothing about Ray,
 Prefect or the store.

@@ -22,7 +22,7 @@ def rule_problems(cfg: RunConfig) -> list[str]:
 
 def _executor_problems(cfg: RunConfig) -> list[str]:
     """`vllm.executor_backend` chooses between vLLM's two ways of running one TP worker; several have theirs. A
-    worker in a child process takes GPU weights by CUDA IPC (colocated); a broadcast lands in the parent's GPU memory."""
+    worker in a child process takes GPU weights by CUDA IPC (colocated); a broadcast lands in the parent's memory."""
     backend, tp = cfg.vllm.executor_backend, cfg.vllm.tensor_parallel_size
     problems = []
     if backend is not None and tp > 1:

@@ -8,6 +8,7 @@ vLLM beyond the range names it is given.
 """
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -18,8 +19,10 @@ MIN_GAP_US = 1.0
 
 
 def load_events(trace: Path) -> tuple[list[tuple[float, float, str]], list[tuple[float, float, str]]]:
-    """(GPU activity, host ranges) as (start µs, end µs, name), each sorted by start."""
-    events = json.loads(trace.read_text())
+    """(GPU activity, host ranges) as (start µs, end µs, name), each sorted by start; `trace` may be gzipped."""
+    opened = gzip.open(trace, "rt") if trace.suffix == ".gz" else trace.open()
+    with opened as text:
+        events = json.load(text)
     events = events["traceEvents"] if isinstance(events, dict) else events
     gpu, host = [], []
     for event in events:

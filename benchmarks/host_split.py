@@ -75,8 +75,9 @@ class HostSplit:
         if phase == "start":
             self._gc_started = time.perf_counter()
         elif self._gc_started is not None:
-            self.seconds[f"gc_gen{info.get('generation')}"] += time.perf_counter() - self._gc_started
-            self.calls[f"gc_gen{info.get('generation')}"] += 1
+            name = f"gc_gen{info.get('generation')}"
+            self.seconds[name] += time.perf_counter() - self._gc_started
+            self.calls[name] += 1
             self._gc_started = None
 
     def figures(self) -> dict:

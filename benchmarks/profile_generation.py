@@ -80,9 +80,6 @@ def host_split_figures(engine, prompts) -> dict:
 def traced_gaps(engine, prompts, new_tokens: int, out_dir: Path) -> dict:
     """One generate of `new_tokens` under torch's profiler (CPU and CUDA) with the host calls as ranges: where the
     GPU idles and what the host does meanwhile (`gpu_gaps.py`); the trace is kept beside the results, gzipped."""
-    import gzip
-    import shutil
-
     from torch.profiler import ProfilerActivity, profile
 
     from gpu_gaps import gap_figures
@@ -93,13 +90,9 @@ def traced_gaps(engine, prompts, new_tokens: int, out_dir: Path) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         with host_split(engine.llm, ranges=True):
             engine.generate(prompts, sampling, list(range(len(prompts))))
-    trace = out_dir / "gen-trace.json"
-    prof.export_chrome_trace(str(trace))
-    figures = gap_figures(trace)
-    with trace.open("rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
-        shutil.copyfileobj(raw, packed)
-    trace.unlink()
-    return figures
+    trace = out_dir / "gen-trace.json.gz"
+    prof.export_chrome_trace(str(trace))  # torch gzips a path ending in .gz
+    return gap_figures(trace)
 
 
 def kernel_profile(engine, prompts, new_tokens: int) -> dict:
@@ -162,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
     measure_variants(engine, prompts, args, roofline, results, suffix="")
     results.figure("host_split", host_split_figures(engine, prompts))
-    rates = [gc_off_tok_s(engine, prompts) for _ in range(args.trials)]
-    results.figure("gen_tok_s_seeded_no_logprobs_gc_off", {"median": statistics.median(rates), "trials": rates,
-                                                           "fraction_of_roofline": statistics.median(rates) / roofline})
+    results.figure("gen_tok_s_seeded_no_logprobs_gc_off",
+                   rate_figure([gc_off_tok_s(engine, prompts) for _ in range(args.trials)], roofline))
     if args.sleep_level is not None:
         results.figure("sleep_cycle_s", timed(lambda: sleep_and_wake(engine, args.model))[0])
         measure_variants(engine, prompts, args, roofline, results, suffix="_after_sleep")
@@ -193,8 +185,12 @@ def measure_variants(engine, prompts, args, roofline: float, results, suffix: st
     for name in args.variants:
         seeded, logprobs = VARIANTS[name]
         rates = [generate_tok_s(engine, prompts, NEW_TOKENS, seeded, logprobs) for _ in range(args.trials)]
-        results.figure(f"gen_tok_s_{name}{suffix}", {"median": statistics.median(rates), "trials": rates,
-                                                     "fraction_of_roofline": statistics.median(rates) / roofline})
+        results.figure(f"gen_tok_s_{name}{suffix}", rate_figure(rates, roofline))
+
+
+def rate_figure(rates: list[float], roofline: float) -> dict:
+    return {"median": statistics.median(rates), "trials": rates,
+            "fraction_of_roofline": statistics.median(rates) / roofline}
 
 
 def sleep_and_wake(engine, model_dir: Path) -> None:

@@ -4,6 +4,7 @@ where a GPU engine and its workers sit on several nodes (placement.seat), and ho
 (vllm_rollout.executor_backend, among the engine's options)."""
 import pytest
 
+from hybrid_core.config import ConfigError
 from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.engines.vllm_rollout import EngineSettings, engine_options, executor_backend
 from hybrid_core.flags import parse_cli
@@ -131,7 +132,6 @@ def test_tp_workers_run_as_ray_actors_on_gpus_and_as_child_processes_on_cpu():
 
 
 def test_a_one_worker_engine_can_run_its_model_runner_in_a_child_process_and_only_it():
-    from hybrid_core.config import ConfigError
     from hybrid_core.workers.worker_args import engine_settings
 
     cfg = parse_cli(["--actor.model_name_or_path", "m", "--vllm.executor_backend", "mp", "--train.colocate_all"])

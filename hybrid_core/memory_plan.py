@@ -320,8 +320,8 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
         ref = (Term("ref weights", ref_weights), Term("ref logprob forward", actor.forward))
     reward = reward_model_terms(cfg) if "reward" in roles and cfg.reward.model_name_or_path else ()
     num_vllm = math.ceil(cfg.num_rollout_gpus / cfg.actor_world_size) if "rollout" in roles else 0
-    # an engine whose model runner runs in a child process (vllm.executor_backend mp) counts that process's context too
-    engine_processes = num_vllm * (1 + (cfg.vllm.executor_backend == "mp"))
+    # an engine whose model runner runs in a child process (RunConfig.engine_executor mp) counts that one's context too
+    engine_processes = num_vllm * (1 + (cfg.engine_executor == "mp"))
     num_processes = 1 + engine_processes + ("ref" in roles) + (critic is not None) + bool(reward)
     resident = (Term("CUDA contexts", num_processes * CONTEXT_GIB),
                 Term("DeepSpeed NCCL/cuBLAS buffers", (1 + (critic is not None)) * DEEPSPEED_RUNTIME_GIB))

@@ -199,8 +199,10 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
         return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
     group = placement.group_of("rollout")
     where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
+    runner = {"mp": ", model runner in a child process (vllm.executor_backend mp)",
+              "uni": ", model runner in the rollout worker's process (vllm.executor_backend uni)"}
     return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}",
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}",
             *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
 
 

@@ -116,7 +116,7 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
-                          attention_backend=v.attention_backend, executor_backend=v.executor_backend)
+                          attention_backend=v.attention_backend, executor_backend=cfg.engine_executor)
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:

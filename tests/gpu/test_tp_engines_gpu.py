@@ -37,10 +37,11 @@ def tp_config(standin, root, num_engines: int, tp: int, executor: str | None = N
     return path
 
 
-# 1 × TP 1: one GPU, the engine in the rollout worker's process (or, `mp`, its model runner in a child process that
-# opens the buckets' CUDA IPC handles itself); DeepSpeed's deferred sleep copies beside the sync
-@pytest.mark.parametrize(("num_engines", "tp", "executor"), [(1, 1, None), (1, 1, "mp"), (1, 2, None), (2, 2, None)],
-                         ids=["1-engine-tp1", "1-engine-tp1-mp", "1-engine-tp2", "2-engines-tp2"])
+# 1 × TP 1: one GPU, the engine's model runner by default in a child process of the rollout worker that opens the
+# buckets' CUDA IPC handles itself (or, `uni`, in the worker's own process); DeepSpeed's deferred sleep copies beside
+# the sync
+@pytest.mark.parametrize(("num_engines", "tp", "executor"), [(1, 1, None), (1, 1, "uni"), (1, 2, None), (2, 2, None)],
+                         ids=["1-engine-tp1", "1-engine-tp1-uni", "1-engine-tp2", "2-engines-tp2"])
 def test_tp_workers_take_their_weights_from_the_ranks_beside_them(standin, cuda, tmp_path, num_engines, tp, executor):
     if cuda.cuda.device_count() < num_engines * tp:
         pytest.skip(f"needs {num_engines * tp} GPUs ({num_engines} engines × TP {tp})")

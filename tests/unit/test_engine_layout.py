@@ -146,6 +146,27 @@ def test_a_one_worker_engine_can_run_its_model_runner_in_a_child_process_and_onl
         parse_cli(["--actor.model_name_or_path", "m", "--vllm.executor_backend", "mp", "--vllm.num_engines", "1"])
 
 
+def test_a_colocated_one_worker_gpu_engine_runs_its_model_runner_in_a_child_process_by_default():
+    from hybrid_core.workers.worker_args import engine_settings
+
+    default = colocated(1, 1, 1)
+    assert default.vllm.executor_backend is None and default.engine_executor == "mp"
+    assert engine_options(engine_settings(default), "cuda") == {"distributed_executor_backend": "mp"}
+    # asked for: in the rollout worker's own process, as vLLM's own default
+    inside = colocated(1, 1, 1, "--vllm.executor_backend", "uni")
+    assert inside.engine_executor == "uni" and engine_options(engine_settings(inside), "cuda") == {}
+    # on CPU, and on GPUs apart from the actor, in the worker's process; TP > 1 is the engine's own rule
+    on_cpu = colocated(1, 1, 1, "--train.device", "cpu")
+    apart = parse_cli(["--vllm.num_engines", "1", *INPUT_FLAGS])
+    assert [on_cpu.engine_executor, apart.engine_executor, colocated(2, 1, 2).engine_executor] == ["uni", "uni", None]
+    assert engine_settings(colocated(2, 1, 2)).executor_backend is None
+    # `hybrid plan` says where the model runner runs
+    assert ("rollout: 1 vLLM engines × TP 1, shares the actor's GPUs, gpu_memory_utilization 0.95, model runner in "
+            "a child process (vllm.executor_backend mp)") in render_plan(default).splitlines()
+    assert render_plan(on_cpu).splitlines()[3].endswith(
+        ", model runner in the rollout worker's process (vllm.executor_backend uni)")
+
+
 def test_the_engine_options_pass_what_the_configuration_sets_and_leave_the_rest_to_vllm():
     from hybrid_core.workers.worker_args import engine_settings
 

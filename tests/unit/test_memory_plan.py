@@ -185,18 +185,19 @@ def test_sleep_leaves_vllm_setting_the_peak_in_the_rollout_phase():
                                   ds={"enable_sleep": True}), H200_GIB)
     assert [p.name for p in plan.phases] == ["rollout", "experience", "train"]
     assert plan.peak_phase.name == "rollout"
-    # 0.8 · 139.8 = 111.84; bf16 weights 3.2048; contexts of actor and vLLM 2 · 0.5; DeepSpeed buffers 0.8;
-    # two sync buffers of the embedding 151936 · 2048 · 2 bytes = 2 · 0.5796 GiB
+    # 0.8 · 139.8 = 111.84; bf16 weights 3.2048; contexts of the actor, the rollout worker and (colocated on GPUs, by
+    # default) its engine's model runner in a child process 3 · 0.5; DeepSpeed buffers 0.8; two sync buffers of the
+    # embedding 151936 · 2048 · 2 bytes = 2 · 0.5796 GiB
     assert terms(plan.phases[0]) == pytest.approx({
-        "vLLM reservation": 111.84, "actor weights": 3.2048206329, "CUDA contexts": 1.0,
+        "vLLM reservation": 111.84, "actor weights": 3.2048206329, "CUDA contexts": 1.5,
         "DeepSpeed NCCL/cuBLAS buffers": 0.8, "actor weight-sync buffers": 1.1591796875}, rel=0, abs=1e-9)
-    assert plan.peak_gib == pytest.approx(111.84 + 3.2048206329 + 1.0 + 0.8 + 1.1591796875, rel=0, abs=1e-9)
+    assert plan.peak_gib == pytest.approx(111.84 + 3.2048206329 + 1.5 + 0.8 + 1.1591796875, rel=0, abs=1e-9)
     assert "vLLM reservation" not in terms(plan.phases[2])  # asleep while DeepSpeed trains
     assert plan.fits and plan.largest_term.name == "vLLM reservation"
-    # the model runner in a child process of the rollout worker: one more context
-    apart = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.8,
-                                         "executor_backend": "mp"}, ds={"enable_sleep": True}), H200_GIB)
-    assert terms(apart.phases[0])["CUDA contexts"] == 1.5
+    # the model runner in the rollout worker's own process: one context fewer
+    inside = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.8,
+                                          "executor_backend": "uni"}, ds={"enable_sleep": True}), H200_GIB)
+    assert terms(inside.phases[0])["CUDA contexts"] == 1.0
 
 
 def test_sleep_with_a_small_reservation_leaves_deepspeed_setting_the_peak():
@@ -215,9 +216,9 @@ def test_without_sleep_every_term_adds_up():
     assert rollout.total_gib == pytest.approx(train.total_gib, rel=0, abs=1e-9)  # nothing leaves the GPU
     assert plan.peak_phase.name == "train"
     # 69.9 vLLM + 3.2048 weights + 3.2048 grads + 19.2289 optimizer + 6.125 activations + 2.8979 logits + 0.5796
-    # head gradient sum + 12.8193 step + 1.0 contexts + 0.8 DeepSpeed buffers + 1.1592 sync buffers
+    # head gradient sum + 12.8193 step + 1.5 contexts + 0.8 DeepSpeed buffers + 1.1592 sync buffers
     expected = 69.9 + 3.2048206329 * 2 + 19.2289237976 + 6.125 + 2.89794921875 + HEAD_GRADIENT_SUM \
-        + 12.8192825317 + 1.0 + 0.8 + 1.1591796875
+        + 12.8192825317 + 1.5 + 0.8 + 1.1591796875
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
 
 
@@ -247,7 +248,7 @@ def test_reference_and_critic_are_counted_where_they_live():
     assert "ref logprob forward" not in rollout
     experience = terms(plan.phases[1])
     assert experience["ref logprob forward"] == pytest.approx(2048 * 151936 * 10 / GIB, rel=0, abs=1e-9)
-    assert rollout["CUDA contexts"] == 2.0  # actor, vLLM, ref and critic processes
+    assert rollout["CUDA contexts"] == 2.5  # actor, rollout worker, its model runner, ref and critic processes
     assert rollout["DeepSpeed NCCL/cuBLAS buffers"] == pytest.approx(1.6)
     critic_train = terms(plan.phases[3])
     assert critic_train["critic optimizer states"] == pytest.approx(19.2289237976, rel=0, abs=1e-9)
@@ -333,11 +334,11 @@ def test_the_deepspeed_peak_benchmark_configuration_by_hand():
     # train phase, 4 × 4096 = 16,384 padded tokens, checkpointed: weights and gradients 3.2048 each, optimizer
     # 19.2289, activations 16,384 · (28 · 4096 + 114,688) bytes = 3.5 GiB, logits of a 4,096-token chunk
     # 4,096 · 151,936 · 10 bytes = 5.7959 GiB and the head's gradient sum 0.5796, the step 12.8193 (a chunk's
-    # 0.62e9 logits < 1.72e9 parameters), contexts 2 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The
+    # 0.62e9 logits < 1.72e9 parameters), contexts 3 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The
     # actor's experience forward (a 4,096-token chunk: 5.7959 GiB) left its blocks in the cache, and the train phase
     # reallocates more than that from it, so it adds nothing. vLLM's 0.3 · 139.8 = 41.94 GiB sets the rollout phase
     # (48.94 GiB) below it.
-    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 5.7958984375 + HEAD_GRADIENT_SUM + 12.8192825317 + 1.0 \
+    expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 5.7958984375 + HEAD_GRADIENT_SUM + 12.8192825317 + 1.5 \
         + 0.8 + 2.0
     assert plan.peak_phase.name == "train"
     assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)

@@ -6,6 +6,11 @@ engines taking contiguous shares of the prompts generate what one engine does wi
 changes the TP engine's and the child-process engine's samples exactly as the one-worker engine's."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
+import psutil
 import pytest
 import ray
 import torch
@@ -47,6 +52,13 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
         def load_weights(self, named: list) -> None:
             self.engine.load_weights(named)
             self.engine.finish_weight_update()
+
+        def processes(self) -> tuple[int, list[int]]:  # this actor's pid and its descendants'
+            import os
+
+            import psutil
+
+            return os.getpid(), [child.pid for child in psutil.Process().children(recursive=True)]
 
     env = {"env_vars": role_env("rollout", on_cpu=True)}
     return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend)
@@ -156,7 +168,7 @@ def test_a_model_runner_in_a_child_process_generates_the_in_process_engines_samp
 
 
 def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, mp_engine, tiny_model):
-    """Last in the module: the engines keep the moved weights."""
+    """After the other tests that generate: the engines keep the moved weights."""
     from transformers import AutoModelForCausalLM
 
     before = generated(engine, PROMPTS)
@@ -174,3 +186,22 @@ def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, 
     row = {"prompt_ids": one[(0, 0)]["prompt_ids"], "response_ids": [17, 18, 19, 20, 21, 22]}
     scored = ray.get(tp_engine.score.remote([row["prompt_ids"]], [row["response_ids"]]), timeout=300)[0]
     assert scored == pytest.approx(logprobs_of(model, row), rel=0, abs=1e-5)
+
+
+def test_a_killed_engine_takes_its_model_runners_process_with_it(mp_engine):
+    """After the module's other tests: a rollout worker killed outright (as the OOM killer would) leaves no model
+    runner behind to hold its GPU memory (vLLM's child notices its parent's end through a pipe)."""
+    pid, children = ray.get(mp_engine.processes.remote(), timeout=60)
+    assert children  # the model runner, at least
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any(alive(child) for child in [pid, *children]):
+        time.sleep(0.5)
+    assert [child for child in [pid, *children] if alive(child)] == []
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -102,10 +102,9 @@ def executor_backend(platform: str, tensor_parallel_size: int, chosen: str | Non
     scheduling then schedules step N+1 in this process while the child prepares and launches step N, instead of one
     thread doing both (the scheduler and the model runner's input preparation were 4.5 and 2.9 ms of a 9.3 ms decode
     step at the 1.7B rollout shape on the H200, s35; the child process took generation from 28.4k to 30.1k
-    tokens/s, s36). Several
-    (TP > 1) run as Ray actors on the GPUs' placement-group bundles (`ray`, as OpenRLHF's engines do; the
-    placement's VLLM_RAY_BUNDLE_INDICES names them) or, on CPU, whose vLLM build has no Ray executor ("current
-    platform cpu does not support ray"), as child processes of this one (`mp`, gloo between them)."""
+    tokens/s, s36). Several (TP > 1) run as Ray actors on the GPUs' placement-group bundles (`ray`, as OpenRLHF's
+    engines do; the placement's VLLM_RAY_BUNDLE_INDICES names them) or, on CPU, whose vLLM build has no Ray executor
+    ("current platform cpu does not support ray"), as child processes of this one (`mp`, gloo between them)."""
     if tensor_parallel_size == 1:
         return "mp" if chosen == "mp" else None
     return "mp" if platform == "cpu" else "ray"

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import time
 from datetime import date
@@ -26,6 +25,9 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from run_all import git_sha  # noqa: E402
 CASES_FILE = REPO_ROOT / "tests" / "unit" / "rewards" / "math_cases.jsonl"
 TARGET_S = 10.0  # issue 19: 10,000 responses in under 10 s on one core
 FILLER = ("We expand the product and collect like terms. ", "Substituting back into the equation gives ",
@@ -84,11 +86,6 @@ def build_mix(num_responses: int, seed: int = 0) -> list[tuple[str, str, str]]:
             kind, final, label = "truncated", "so the total is $\\boxed{12", "12"
         mix.append((kind, reasoning(rng) + final, label))
     return mix
-
-
-def git_sha() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
 
 
 def bench(num_responses: int) -> dict:

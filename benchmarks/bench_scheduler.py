@@ -15,14 +15,13 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import Results  # noqa: E402
+from run_all import Results, git_sha  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROMPT_TOKENS, NUM_BLOCKS_OF_16 = 48, 25_000
@@ -98,8 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import vllm
 
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-    results = Results(args.out, {"git_sha": sha.stdout.strip() or "unknown", "date": str(date.today()),
+    results = Results(args.out, {"git_sha": git_sha(), "date": str(date.today()),
                                  "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor()}",
                                  "vllm": vllm.__version__, "requests": args.requests, "new_tokens": args.new_tokens,
                                  "prompt_tokens": PROMPT_TOKENS})

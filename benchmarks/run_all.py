@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from datetime import date
@@ -33,6 +34,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+
+def git_sha() -> str:
+    """The checkout's short commit, for a results file's meta ("unknown" outside a git checkout)."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
 
 
 class Results:

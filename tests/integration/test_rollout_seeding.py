@@ -54,10 +54,6 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
             self.engine.finish_weight_update()
 
         def processes(self) -> tuple[int, list[int]]:  # this actor's pid and its descendants'
-            import os
-
-            import psutil
-
             return os.getpid(), [child.pid for child in psutil.Process().children(recursive=True)]
 
     env = {"env_vars": role_env("rollout", on_cpu=True)}

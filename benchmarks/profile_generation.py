@@ -9,7 +9,8 @@ without logprobs, as a rollout calls it by default) runs under the CUDA profiler
 wall says whether the GPU waits on the host (scheduling, output processing) or on its own kernels, and the top kernels
 say which. --attention-backend builds the engine with another of vLLM's attention backends (e.g. TRITON_ATTN against
 FlashAttention 3's decode at this shape); --fa-max-splits caps FlashAttention 3's split of a sequence's KV cache under
-CUDA graphs (vLLM's default 32; 1: no split and no combine kernel).
+CUDA graphs (vLLM's default 32; 1: no split and no combine kernel); --block-size sets the KV cache's page size;
+--rates-only measures the variants' rates alone, so one device command can compare several engine layouts.
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(mp: the model runner in a child process beside the scheduler; the host split then times "
                         "the calls into it)")
     parser.add_argument("--fa-max-splits", type=int, help="FlashAttention 3's most KV splits under CUDA graphs")
+    parser.add_argument("--block-size", type=int, help="the KV cache's page size in tokens (default: vLLM's, 16)")
+    parser.add_argument("--rates-only", action="store_true", help="the variants' rates alone (no host split, "
+                        "collector-off run or kernel profile): several engine layouts in one device call")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
                                  "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
                                  "attention_backend": args.attention_backend, "fa_max_splits": args.fa_max_splits,
-                                 "executor_backend": args.executor_backend})
+                                 "executor_backend": args.executor_backend, "block_size": args.block_size})
     if args.fa_max_splits:
         cap_attention_splits(args.fa_max_splits)
     gbps = device_copy_gbps()
@@ -149,11 +153,14 @@ def main(argv: list[str] | None = None) -> int:
                                               enable_sleep=args.sleep_level is not None,
                                               sleep_level=args.sleep_level or 1,
                                               attention_backend=args.attention_backend,
-                                              executor_backend=args.executor_backend))
+                                              executor_backend=args.executor_backend,
+                                              block_size=args.block_size))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))
     measure_variants(engine, prompts, args, roofline, results, suffix="")
+    if args.rates_only:
+        return 0
     results.figure("host_split", host_split_figures(engine, prompts))
     results.figure("gen_tok_s_seeded_no_logprobs_gc_off",
                    rate_figure([gc_off_tok_s(engine, prompts) for _ in range(args.trials)], roofline))

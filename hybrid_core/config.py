@@ -78,7 +78,7 @@ class VllmConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"num_engines", "tensor_parallel_size", "sync_backend", "enable_prefix_caching", "enforce_eager",
         "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs",
-        "attention_backend", "executor_backend"})
+        "attention_backend", "executor_backend", "block_size"})
     num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
     tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
     sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
@@ -94,6 +94,9 @@ class VllmConfig(ConfigBlock):
                                      "default, 1024 on H100/H200-class GPUs)")
     attention_backend: Literal["FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "FLASHINFER"] | None = Field(
         None, description="PROJECT: vLLM's attention backend (None: vLLM's choice, FlashAttention 3 on an H200)")
+    block_size: Literal[16, 32, 64, 128] | None = Field(
+        None, description="PROJECT: the KV cache's page size in tokens (None: vLLM's default for the attention "
+        "backend, 16 for FlashAttention)")
     executor_backend: Literal["uni", "mp"] | None = Field(
         None, description="PROJECT: where a TP-1 engine's model runner runs: `uni` in the rollout worker's thread "
         "beside vLLM's scheduler, `mp` in a child process, so scheduling a decode step overlaps preparing the next "

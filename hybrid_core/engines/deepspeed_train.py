@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from hybrid_core.config import ActorConfig, DsConfig, OptimizerFields, TrainConfig
-from hybrid_core.engines.frozen_model import attn_implementation_for, batched_logprobs, device_name, load_causal_lm
+from hybrid_core.engines.frozen_model import (attn_implementation_for, batched_logprobs, device_name, free_share,
+                                             load_causal_lm)
 from hybrid_core.engines.ring_attention import new_ring_group
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.host_offload import OptimizerStateMover, PinnedHostBuffer, state_bytes_per_param
@@ -227,10 +228,15 @@ class DeepSpeedTrainEngine:
         torch.cuda.empty_cache()  # the step's freed blocks go back now (emptying during the copy would wait for it)
         self.state_mover.start_sleep()
 
-    def finish_sleep(self) -> float:
+    def finish_sleep(self, unless_free_share: float | None = None) -> float:
         """Wait for the sleep `sleep_soon` started, so its GPU memory is free; returns the seconds waited (0.0 when
-        none was under way). Every other call that touches the optimizer finishes it first."""
+        none was under way). With `unless_free_share`, a fraction of the GPU's memory that the next user of the GPU
+        may take (the colocated rollout engine waking its KV cache: `vllm.gpu_memory_utilization`), the copy is left
+        running when that much memory is free already (its bytes stay on the GPU until then). Every other call that
+        touches the optimizer finishes it first."""
         if self.state_mover is None or not self.state_mover.is_copying:
+            return 0.0
+        if unless_free_share is not None and free_share() >= unless_free_share:
             return 0.0
         start = time.perf_counter()
         self.state_mover.finish_sleep()

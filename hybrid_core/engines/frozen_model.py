@@ -36,6 +36,15 @@ def reset_memory_peak() -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def free_share() -> float:
+    """The fraction of this process's GPU's memory that is free now, as the driver counts it (every process's
+    allocations taken off); 1.0 on CPU."""
+    if not torch.cuda.is_available():
+        return 1.0
+    free, total = torch.cuda.mem_get_info()
+    return free / total
+
+
 def memory_peak_gib(name: str) -> dict[str, float]:
     """{`memory_gib/<name>`: the most memory PyTorch's cache held in this process since `reset_memory_peak`}, or {}
     on CPU. Reserved, not allocated: blocks the cache keeps are what the GPU cannot give to another process."""

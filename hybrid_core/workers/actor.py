@@ -69,6 +69,7 @@ class ActorWorkerArgs:
     engines: EngineLayout  # the rollout engines and which actor rank feeds each of their TP workers
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
     starts_forwards_early: bool  # the reward stage keeps off the GPU: its forwards run beside it (`start_forwards`)
+    engine_wake_share: float = 1.0  # of a rank's GPU, what the engine beside it may map when it wakes (`sync`)
     faults: tuple = ()
 
 
@@ -237,8 +238,8 @@ class ActorWorker:
         self.ledger.begin(step, SYNC.name)
         try:
             sent = self.push_to_engines(step)
-        finally:  # the rollout engines wake their KV cache next: DeepSpeed's sleep must have freed its memory
-            waited = self.finish_sleeps()
+        finally:  # the engines wake their KV cache next: DeepSpeed's sleep frees its memory first, unless there is room
+            waited = self.finish_sleeps(self.args.engine_wake_share)
         if committed is not None:  # synced again after a restore: the record stands
             self.ledger.seconds(step, SYNC.name)
             self.store.log_event(step, SYNC.name, "reproduced")
@@ -247,15 +248,17 @@ class ActorWorker:
         entry = self.ledger.record(step, SYNC.name, self.clock, stats, policy_version=step)
         return result_from_entry(SYNC.name, step, entry)
 
-    def finish_sleeps(self) -> float:
-        """Every rank's DeepSpeed sleep that `_fit` started is done and its GPU memory free; returns the seconds
-        this rank waited for it."""
-        peer_calls = rank_group.started_on_peers(self._peers(), "finish_sleep")
-        return rank_group.with_peers("actor", peer_calls, self.finish_sleep, self.run.stage_timeout_s)
+    def finish_sleeps(self, unless_free_share: float | None = None) -> float:
+        """Every rank's DeepSpeed sleep that `_fit` started is done and its GPU memory free, except on a rank whose
+        GPU has `unless_free_share` of its memory free already (the copy then runs on beside the rollout; the next
+        call that touches the optimizer finishes it); returns the seconds this rank waited."""
+        peer_calls = rank_group.started_on_peers(self._peers(), "finish_sleep", unless_free_share)
+        own = lambda: self.finish_sleep(unless_free_share)  # noqa: E731
+        return rank_group.with_peers("actor", peer_calls, own, self.run.stage_timeout_s)
 
-    def finish_sleep(self) -> float:
+    def finish_sleep(self, unless_free_share: float | None = None) -> float:
         """This rank's part of `finish_sleeps` (ranks 1..n-1 are called by rank 0)."""
-        return self.engine.finish_sleep()
+        return self.engine.finish_sleep(unless_free_share)
 
     def push_to_engines(self, version: int) -> int:
         """Every rollout engine loads this policy's weights, then holds `version`; returns the bytes of one copy

@@ -116,7 +116,8 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
-                          attention_backend=v.attention_backend, executor_backend=cfg.engine_executor)
+                          block_size=v.block_size, attention_backend=v.attention_backend,
+                          executor_backend=cfg.engine_executor)
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
@@ -188,6 +189,15 @@ def is_correction(cfg: RunConfig) -> ISCorrection | None:
     return ISCorrection(kind=adv.is_correction_type, low=low, high=high)
 
 
+def engine_wake_share(cfg: RunConfig) -> float:
+    """What the rollout engine beside an actor rank may map on its GPU when it wakes its KV cache after a sync:
+    vLLM's whole share (`vllm.gpu_memory_utilization`, more than the cache alone); nothing when the engines do not
+    sleep (their cache stays mapped; only a sleeping engine shares the actor's GPUs, a config rule). DeepSpeed's
+    sleep, still copying at the sync's end, is left to finish beside the rollout when that much is free
+    (`ActorWorker.sync`)."""
+    return cfg.vllm.gpu_memory_utilization if cfg.vllm.enable_sleep else 0.0
+
+
 def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str, faults: tuple = (),
                has_wandb_key: bool = False) -> ActorWorkerArgs:
     rw = cfg.reward
@@ -204,7 +214,7 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
         max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
         engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()),
-        starts_forwards_early=not cfg.uses_reward_model, faults=faults)
+        starts_forwards_early=not cfg.uses_reward_model, engine_wake_share=engine_wake_share(cfg), faults=faults)
 
 
 def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:

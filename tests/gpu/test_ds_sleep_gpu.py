@@ -91,8 +91,9 @@ def test_a_wake_started_ahead_gives_the_same_next_step(make_trainer, cuda):
 
 def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_step(make_trainer, cuda):
     """`sleep_soon` (the actor's train stage) copies on a side stream while other GPU work runs and keeps the states
-    on the GPU until `finish_sleep` (the sync's end): then the same bytes are freed as by `sleep`, and after a wake
-    the next step's loss is the plain round trip's, bit for bit."""
+    on the GPU until `finish_sleep` (the sync's end), which leaves it running while the GPU has the asked-for share
+    free: then the same bytes are freed as by `sleep`, and after a wake the next step's loss is the plain round
+    trip's, bit for bit."""
     torch = cuda
 
     def after_round_trip(deferred: bool) -> tuple[int, float]:
@@ -108,7 +109,9 @@ def test_a_sleep_finished_later_frees_its_memory_then_and_gives_the_same_next_st
             torch.cuda.synchronize()
             free_copying = torch.cuda.mem_get_info()[0]
             assert trainer.state_mover.is_copying and not trainer.state_mover.asleep
-            trainer.finish_sleep()
+            assert trainer.finish_sleep(unless_free_share=0.0) == 0.0  # room for the engine: the copy runs on
+            assert trainer.state_mover.is_copying and torch.cuda.mem_get_info()[0] == free_copying
+            trainer.finish_sleep(unless_free_share=1.0)  # never that much room: it finishes
             moved = trainer.state_mover.last_bytes
             freed = torch.cuda.mem_get_info()[0] - free_copying
             assert freed >= 0.9 * moved, (freed / 2**30, moved / 2**30)  # freed at the finish, not before

@@ -91,3 +91,14 @@ def test_optimizer_steps_and_explicit_paths():
     assert worker_args.total_optimizer_steps(cfg, num_steps=5) == 5 * 2 * 3  # 24 samples → 3 optimizer steps
     assert (worker_args.ckpt_root(cfg, run), worker_args.model_output_uri(cfg, run)) == ("/ckpt", "/out")
     assert worker_args.max_new_tokens(cfg) == 2048 // 2 and worker_args.num_engines(cfg) == 1
+
+
+@pytest.mark.parametrize(("flags", "share"), [
+    (("--train.colocate_all", "--vllm.enable_sleep", "--vllm.gpu_memory_utilization", "0.45"), 0.45),
+    (("--train.colocate_all", "--vllm.gpu_memory_utilization", "0.45"), 0.0),  # awake engines map nothing new
+])
+def test_the_actor_knows_what_the_engine_beside_it_maps_when_it_wakes(flags, share):
+    cfg = parse_cli(list(flags))
+    assert worker_args.engine_wake_share(cfg) == share
+    assert worker_args.actor_args(cfg, num_steps=2, run=run_ref(cfg, "r7"), extensions_dir="/x").engine_wake_share \
+        == share

@@ -57,7 +57,7 @@ class EngineSettings:
     tensor_parallel_size: int = 1
     max_model_len: int = 2048
     max_num_seqs: int | None = None  # None: vLLM's default for the device
-    block_size: int | None = None  # KV-cache page size in tokens; None: vLLM's default (benchmarks try others)
+    block_size: int | None = None  # KV-cache page size in tokens (vllm.block_size); None: vLLM's default
     attention_backend: str | None = None  # vLLM's attention backend by name (e.g. TRITON_ATTN); None: vLLM's choice
     executor_backend: str | None = None  # TP 1: "uni" (None) in this process, "mp" in a child process
 

@@ -69,7 +69,7 @@ class ActorWorkerArgs:
     engines: EngineLayout  # the rollout engines and which actor rank feeds each of their TP workers
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
     starts_forwards_early: bool  # the reward stage keeps off the GPU: its forwards run beside it (`start_forwards`)
-    engine_wake_share: float = 1.0  # of a rank's GPU, what the engine beside it may map when it wakes (`sync`)
+    engine_wake_share: float  # of a rank's GPU, what the engine beside it may map when it wakes (`sync`)
     faults: tuple = ()
 
 

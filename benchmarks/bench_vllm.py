@@ -7,7 +7,6 @@ exactly as they do between the actor and rollout workers.
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 from pathlib import Path
 
@@ -33,12 +32,11 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
 
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     free_before = torch.cuda.mem_get_info()[0]
     settings = EngineSettings(model_path=str(model_dir), param_dtype="bf16", seed=0,
                               gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
                               enforce_eager=enforce_eager, enable_sleep=True, sleep_level=1, max_model_len=2048,
-                              max_num_seqs=PROMPTS * SAMPLES)
+                              max_num_seqs=PROMPTS * SAMPLES, engine_core_process=True)
     settings = dataclasses.replace(settings, **(engine_options or {}))
     results.data["meta"]["engine_settings"] = dataclasses.asdict(settings)
     start_s, engine = timed(lambda: VllmRolloutEngine(settings))

@@ -10,6 +10,7 @@
 #
 #   bash benchmarks/gen_layouts.sh TAG ["NAME:FLAGS" ...]    (default: the default layout and FA3 unsplit)
 #   e.g. bash benchmarks/gen_layouts.sh s38 "bs64:--block-size 64" "bs128:--block-size 128"
+#        bash benchmarks/gen_layouts.sh s39 "default:" "coreapart:--engine-core-process"
 #
 # Needs the payload installed (benchmarks/gpu_env.sh) and the stand-in in MODEL_DIR (default /tmp/m17).
 set -u

@@ -14,8 +14,9 @@ CUDA graphs (vLLM's default 32; 1: no split and no combine kernel); --block-size
 
     python benchmarks/profile_generation.py --model /tmp/m17 --out $OUT/gen-profile.json
 
-With VLLM_ENABLE_V1_MULTIPROCESSING=1 the engine core runs in its own process, with --executor-backend mp the model
-runner alone: the rates compare the layouts, but the profiler, in this process, then sees none of the kernels. With
+With --engine-core-process the engine core (vLLM's scheduler) runs in its own process, with --executor-backend mp the
+model runner alone, with both each in its own: the rates compare the layouts, but the profiler, in this process, then
+sees none of the kernels (and --sleep-level 2 cannot load weights of this process into a core apart). With
 --sleep-level the engine is built as a run builds it (sleep mode: its weights and KV cache in vLLM's own virtual-memory
 pool), measured, put to sleep at that level and woken (level 2: its weights loaded again from the checkpoint, as a sync
 does) and measured again: the figures ending `_after_sleep`.
@@ -26,7 +27,6 @@ Prefect or the store.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -131,15 +131,16 @@ def main(argv: list[str] | None = None) -> int:
                         "(mp: the model runner in a child process beside the scheduler; the host split then times "
                         "the calls into it)")
     parser.add_argument("--fa-max-splits", type=int, help="FlashAttention 3's most KV splits under CUDA graphs")
+    parser.add_argument("--engine-core-process", action="store_true", help="vLLM's engine core (its scheduler) in a "
+                        "process of its own, as --vllm.engine_core_process runs it")
     parser.add_argument("--block-size", type=int, help="the KV cache's page size in tokens (default: vLLM's, 16)")
     parser.add_argument("--rates-only", action="store_true", help="the variants' rates alone (no host split, "
                         "collector-off run or kernel profile): several engine layouts in one device call")
     args = parser.parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the rollout worker runs it
     from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 
     results = Results(args.out, {"model": str(args.model), "shape": [PROMPTS, SAMPLES, PROMPT_TOKENS, NEW_TOKENS],
-                                 "multiprocessing": os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"],
+                                 "engine_core_process": args.engine_core_process,
                                  "attention_backend": args.attention_backend, "fa_max_splits": args.fa_max_splits,
                                  "executor_backend": args.executor_backend, "block_size": args.block_size})
     if args.fa_max_splits:
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                                               sleep_level=args.sleep_level or 1,
                                               attention_backend=args.attention_backend,
                                               executor_backend=args.executor_backend,
-                                              block_size=args.block_size))
+                                              block_size=args.block_size,
+                                              engine_core_process=args.engine_core_process))
     results.figure("engine_start_s", time.perf_counter() - start)
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts, SamplingSettings(n=SAMPLES, max_new_tokens=32, ignore_eos=True), list(range(PROMPTS)))

@@ -33,7 +33,20 @@ def _executor_problems(cfg: RunConfig) -> list[str]:
         problems.append("vllm.executor_backend 'mp' on GPUs needs train.colocate_all (the child process opens the "
                         "actor's CUDA IPC weight buckets itself): got train.colocate_all=False; add "
                         "--train.colocate_all or drop --vllm.executor_backend")
-    return problems
+    return problems + _engine_core_problems(cfg)
+
+
+def _engine_core_problems(cfg: RunConfig) -> list[str]:
+    """An engine core in a process of its own takes weights only as CUDA IPC buckets, which any process on the GPU
+    opens (colocated); a broadcast or the CPU build's in-place reload lands in the rollout worker's memory."""
+    if not cfg.vllm.engine_core_process:
+        return []
+    tp = cfg.vllm.tensor_parallel_size
+    if cfg.train.device != "cuda" or not cfg.train.colocate_all or tp > 1:
+        return [f"vllm.engine_core_process needs GPUs, train.colocate_all and vllm.tensor_parallel_size 1 (its "
+                f"weights come as CUDA IPC buckets): got train.device={cfg.train.device!r}, train.colocate_all="
+                f"{cfg.train.colocate_all}, vllm.tensor_parallel_size {tp}; drop --vllm.engine_core_process"]
+    return []
 
 
 def _correction_problems(cfg: RunConfig) -> list[str]:

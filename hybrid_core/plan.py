@@ -201,8 +201,9 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
     where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
     runner = {"mp": ", model runner in a child process (vllm.executor_backend mp)",
               "uni": ", model runner in the rollout worker's process (vllm.executor_backend uni)"}
+    core = ", engine core in a process of its own" if cfg.vllm.engine_core_process else ""
     return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}",
+            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}{core}",
             *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
 
 

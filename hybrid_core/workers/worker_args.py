@@ -117,7 +117,7 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
                           block_size=v.block_size, attention_backend=v.attention_backend,
-                          executor_backend=cfg.engine_executor)
+                          executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process)
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:

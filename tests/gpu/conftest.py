@@ -25,7 +25,6 @@ def cuda():
         pytest.skip("needs a CUDA GPU")
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the engine's weights are reachable
     return torch
 
 

@@ -1,9 +1,10 @@
 """`rollout.seed_per_prompt` on the real vLLM CPU build: per-prompt seeds make a rollout independent of batching and
 repeatable (what retries and resumes rely on); without them the engine's own generator draws the noise. The same
 seeds make an engine of two tensor-parallel workers (vLLM's CPU build runs them as child processes, gloo between
-them) generate the samples of one worker, as does one worker in a child process (`vllm.executor_backend mp`), and
-engines taking contiguous shares of the prompts generate what one engine does with all of them; a weight update
-changes the TP engine's and the child-process engine's samples exactly as the one-worker engine's."""
+them) generate the samples of one worker, as does one worker in a child process (`vllm.executor_backend mp`), also
+beneath an engine core in a process of its own (`vllm.engine_core_process`), and engines taking contiguous shares of
+the prompts generate what one engine does with all of them; a weight update changes the TP engine's and the
+child-process engine's samples exactly as the one-worker engine's."""
 from __future__ import annotations
 
 import os
@@ -25,14 +26,16 @@ PROMPTS = [Prompt(0, "abc", ""), Prompt(1, "hello", ""), Prompt(2, "xyz", "")]
 FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64)
 
 
-def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, executor_backend: str | None = None):
+def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, executor_backend: str | None = None,
+                 engine_core_process: bool = False):
     """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
     a run; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
 
     @ray_session.remote(num_cpus=0)
     class SeedingEngine:
-        def __init__(self, model_path: str, tensor_parallel_size: int, executor_backend: str | None):
+        def __init__(self, model_path: str, tensor_parallel_size: int, executor_backend: str | None,
+                     engine_core_process: bool):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
             # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
@@ -40,7 +43,8 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
             self.engine = VllmRolloutEngine(EngineSettings(model_path=model_path, param_dtype="fp32",
                                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
                                                            max_model_len=64, tensor_parallel_size=tensor_parallel_size,
-                                                           executor_backend=executor_backend))
+                                                           executor_backend=executor_backend,
+                                                           engine_core_process=engine_core_process))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
@@ -56,8 +60,12 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
         def processes(self) -> tuple[int, list[int]]:  # this actor's pid and its descendants'
             return os.getpid(), [child.pid for child in psutil.Process().children(recursive=True)]
 
+        def core_client(self) -> str:  # vLLM's client of the engine core: in this process or another
+            return type(self.engine.llm.llm_engine.engine_core).__name__
+
     env = {"env_vars": role_env("rollout", on_cpu=True)}
-    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend)
+    return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend,
+                                                         engine_core_process)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +169,28 @@ def test_a_model_runner_in_a_child_process_generates_the_in_process_engines_samp
         return {key: (row["response_ids"], row["rollout_logprobs"]) for key, row in rows.items()}
 
     assert tokens_and_logprobs(generated(mp_engine, PROMPTS)) == tokens_and_logprobs(generated(engine, PROMPTS))
+
+
+def test_an_engine_core_apart_generates_the_in_process_engines_samples_and_ends_with_its_actor(
+        engine, tiny_model, ray_session):
+    """vLLM's scheduler in a process of its own above a model runner in another (`--vllm.engine_core_process` with
+    the `mp` executor): the same tokens and bit-equal logprobs; killed outright, its actor leaves neither behind."""
+    apart = engine_actor(ray_session, str(tiny_model), 1, executor_backend="mp", engine_core_process=True)
+    try:
+        got, want = generated(apart, PROMPTS), generated(engine, PROMPTS)
+        assert {k: (r["response_ids"], r["rollout_logprobs"]) for k, r in got.items()} == {
+            k: (r["response_ids"], r["rollout_logprobs"]) for k, r in want.items()}
+        assert ray.get([apart.core_client.remote(), engine.core_client.remote()], timeout=60) == [
+            "SyncMPClient", "InprocClient"]
+        pid, children = ray.get(apart.processes.remote(), timeout=60)
+        assert len(children) >= 2  # the engine core and, beneath it, the model runner
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(alive(child) for child in [pid, *children]):
+            time.sleep(0.5)
+        assert [child for child in [pid, *children] if alive(child)] == []
+    finally:
+        ray_session.kill(apart)
 
 
 def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, mp_engine, tiny_model):

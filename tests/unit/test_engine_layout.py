@@ -1,7 +1,9 @@
 """engine_layout: where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
 configuration (plan.engine_layout), what `hybrid plan` shows of it, what a GPU engine's process is told (placement)
 where a GPU engine and its workers sit on several nodes (placement.seat), and how vLLM runs the workers
-(vllm_rollout.executor_backend, among the engine's options)."""
+(vllm_rollout.executor_backend, among the engine's options) and where its core runs (vllm.engine_core_process)."""
+import os
+
 import pytest
 
 from hybrid_core.config import ConfigError
@@ -165,6 +167,51 @@ def test_a_colocated_one_worker_gpu_engine_runs_its_model_runner_in_a_child_proc
             "a child process (vllm.executor_backend mp)") in render_plan(default).splitlines()
     assert render_plan(on_cpu).splitlines()[3].endswith(
         ", model runner in the rollout worker's process (vllm.executor_backend uni)")
+
+
+def test_the_engine_core_goes_apart_only_where_the_weights_reach_it_as_cuda_ipc_buckets():
+    from hybrid_core.workers.worker_args import engine_settings
+
+    apart = colocated(1, 1, 1, "--vllm.engine_core_process")
+    assert engine_settings(apart).engine_core_process and not engine_settings(colocated(1, 1, 1)).engine_core_process
+    assert render_plan(apart).splitlines()[3].endswith(", model runner in a child process (vllm.executor_backend mp),"
+                                                       " engine core in a process of its own")
+    assert not render_plan(colocated(1, 1, 1)).splitlines()[3].endswith("of its own")
+    refused = {"cpu": ("--train.device", "cpu"), "tp2": ("--vllm.tensor_parallel_size", "2"), "apart": ()}
+    expected = {"cpu": "train.device='cpu', train.colocate_all=True, vllm.tensor_parallel_size 1",
+                "tp2": "train.device='cuda', train.colocate_all=True, vllm.tensor_parallel_size 2",
+                "apart": "train.device='cuda', train.colocate_all=False, vllm.tensor_parallel_size 1"}
+    for case, flags in refused.items():
+        with pytest.raises(ConfigError) as info:
+            if case == "apart":
+                parse_cli(["--vllm.num_engines", "1", "--vllm.engine_core_process", *INPUT_FLAGS])
+            else:
+                colocated(1, 1, 1, "--vllm.engine_core_process", *flags)
+        assert (f"vllm.engine_core_process needs GPUs, train.colocate_all and vllm.tensor_parallel_size 1 (its "
+                f"weights come as CUDA IPC buckets): got {expected[case]}; drop --vllm.engine_core_process"
+                ) in info.value.problems, case
+
+
+def test_vllm_is_told_where_the_engine_core_runs_until_it_keeps_its_environment(monkeypatch):
+    import vllm.envs as envs
+
+    from hybrid_core.engines.vllm_rollout import place_engine_core
+
+    cached = envs._is_envs_cache_enabled()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    place_engine_core(True)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" and envs.VLLM_ENABLE_V1_MULTIPROCESSING is True
+    place_engine_core(False)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
+    envs.enable_envs_cache()  # what vLLM does once an engine core or a worker process starts
+    try:
+        place_engine_core(False)  # the same place: nothing to move
+        with pytest.raises(RuntimeError, match=r"vLLM cannot put this engine's core in a process of its own: an "
+                                               r"engine already ran in this process"):
+            place_engine_core(True)
+    finally:
+        if not cached:
+            envs.disable_envs_cache()
 
 
 def test_the_engine_options_pass_what_the_configuration_sets_and_leave_the_rest_to_vllm():

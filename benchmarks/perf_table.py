@@ -3,9 +3,10 @@
 Reads benchmarks/results/h200-hybrid-*.json (issue #6: engines) and h200-train-*.json (issue #7: training and the
 whole iteration), and for both the h200-bench-*.json files of runs that measured some of each; a figure comes from the
 newest file that has it, by the date in its name (then by name). The peer table (issue 17) reads one
-session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG by name in which
-`hybrid train` and a peer both measured a step wall, so the systems it sets side by side ran on the same machine,
-back to back. Checks each target and
+session's h200-peers-TAG-{hybrid,openrlhf,trl}.json (benchmarks/peers/run_peers.sh), the newest TAG (numbers in it
+compared as numbers) in which `hybrid train` and a peer both measured a step wall, so the systems it sets side by side
+ran on the same machine, back to back; a peer that session lacks shows its newest earlier run, marked as not side by
+side and left out of the speed-up. Checks each target and
 prints Markdown tables; `--write` replaces each table between its README markers. A figure not measured yet says so.
 Usage: python benchmarks/perf_table.py [--write]
 """
@@ -158,10 +159,13 @@ def render_train(figures: dict) -> str:
     return render(figures, _train_rows, "figure (Qwen3-1.7B and -4B shapes, one H200)")
 
 
-def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tuple[dict, str]]]:
-    """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files. A
-    session counts once it measured a comparison: a step wall of `hybrid train` and of a peer (one of either alone,
-    or one whose `hybrid train` was cut off before its steps 2–3, compares with nothing)."""
+def session_order(tag: str) -> tuple:
+    """Sorts session tags by their numbers as numbers: s9 < s38 < s100, 2026-12-05 < 2026-12-11."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", tag) if part)
+
+
+def _peer_sessions(results_dir: Path) -> dict[str, dict[str, tuple[dict, str]]]:
+    """{TAG: {system: (its figures, "file @ git sha")}} from the h200-peers-TAG-SYSTEM.json files."""
     sessions: dict[str, dict] = {}
     for path in sorted(results_dir.glob("h200-peers-*.json")):
         found = PEER_FILE.fullmatch(path.name)
@@ -169,29 +173,74 @@ def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tup
             data = json.loads(path.read_text())
             source = f"{path.name} @ {data['meta']['git_sha'][:7]}"
             sessions.setdefault(found["tag"], {})[found["system"]] = (data["figures"], source)
-    measured = {tag: {system for system, (figures, _) in runs.items() if "iteration_wall_s" in figures}
-                for tag, runs in sessions.items()}
-    sessions = {tag: runs for tag, runs in sessions.items() if "hybrid" in measured[tag] and measured[tag] - {"hybrid"}}
+    return sessions
+
+
+def _walled(runs: dict[str, tuple[dict, str]]) -> set[str]:
+    return {system for system, (figures, _) in runs.items() if "iteration_wall_s" in figures}
+
+
+def peer_session(results_dir: Path = RESULTS) -> tuple[str | None, dict[str, tuple[dict, str]]]:
+    """(the newest session TAG, {system: (its figures, "file @ git sha")}) from h200-peers-TAG-SYSTEM.json files. A
+    session counts once it measured a comparison: a step wall of `hybrid train` and of a peer (one of either alone,
+    or one whose `hybrid train` was cut off before its steps 2–3, compares with nothing)."""
+    sessions = {tag: runs for tag, runs in _peer_sessions(results_dir).items()
+                if "hybrid" in _walled(runs) and _walled(runs) - {"hybrid"}}
     if not sessions:
         return None, {}
-    tag = max(sessions)
+    tag = max(sessions, key=session_order)
     return tag, sessions[tag]
 
 
-def _peer_row(system: str, figures: dict | None) -> str:
+def earlier_peers(tag: str | None, runs: dict, results_dir: Path = RESULTS) -> dict[str, tuple[dict, str, str]]:
+    """{peer: (figures, source, its TAG)}: for each peer that did not measure a step wall in session TAG, its newest
+    earlier session that did. Shown for reference only: not side by side with ours, so not in the speed-up."""
+    if tag is None:
+        return {}
+    earlier: dict[str, tuple[dict, str, str]] = {}
+    sessions = _peer_sessions(results_dir)
+    for other in sorted(sessions, key=session_order):
+        if session_order(other) >= session_order(tag):
+            continue
+        for system in _walled(sessions[other]) - {"hybrid"} - _walled(runs):
+            earlier[system] = (*sessions[other][system], other)
+    return earlier
+
+
+def _peer_row(system: str, figures: dict | None, earlier_tag: str | None = None) -> str:
+    label = SYSTEMS[system] if earlier_tag is None else f"{SYSTEMS[system]}, earlier session `{earlier_tag}`"
     if not figures or "iteration_wall_s" not in figures:
-        return f"| {SYSTEMS[system]} | {MISSING} |  |  |  |  |  |"
+        return f"| {label} | {MISSING} |  |  |  |  |  |"
     wall, stages = figures["iteration_wall_s"], figures.get("iteration_stage_s", {})
     columns = [sum(stages.get(name, 0.0) for name in names) for names in PEER_COLUMNS[system].values()]
     cells = [f"{seconds:.1f} s" for seconds in (wall, *columns, wall - sum(columns))]
-    return f"| {SYSTEMS[system]} | " + " | ".join(cells) + " |"
+    return f"| {label} | " + " | ".join(cells) + " |"
 
 
-def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]]) -> str:
-    """Issue 17's side-by-side table and its target: `hybrid train` ≥ 1.5× faster a step than the fastest peer."""
+def _system_row(system: str, runs: dict, earlier: dict) -> str:
+    if system in earlier and "iteration_wall_s" not in runs.get(system, ({}, ""))[0]:
+        return _peer_row(system, earlier[system][0], earlier[system][2])
+    return _peer_row(system, runs.get(system, (None, ""))[0])
+
+
+def _earlier_lines(runs: dict, earlier: dict) -> list[str]:
+    """Each earlier session's peer against this session's `hybrid train`, said to be no side-by-side figure."""
+    hybrid = runs.get("hybrid", ({}, ""))[0].get("iteration_wall_s")
+    if not earlier or hybrid is None:
+        return []
+    parts = [f"{SYSTEMS[system]} in `{other}`, {figures['iteration_wall_s']:.1f} s a step "
+             f"({figures['iteration_wall_s'] / hybrid:.2f}× ours)"
+             for system, (figures, _, other) in sorted(earlier.items())]
+    return [f"From earlier sessions, not side by side, so not in the speed-up: {'; '.join(parts)}.", ""]
+
+
+def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]], earlier: dict | None = None) -> str:
+    """Issue 17's side-by-side table and its target: `hybrid train` ≥ 1.5× faster a step than the fastest peer of
+    the same session. A peer that session lacks shows its newest earlier run (`earlier_peers`), marked as such."""
+    earlier = earlier or {}
     lines = ["| system (Qwen3-1.7B stand-in, 32 prompts × 8 samples × 1,024 tokens, one H200) | step wall (steps 2–3) "
              "| generation | experience | train | weight sync | other |", "|---|---|---|---|---|---|---|"]
-    lines += [_peer_row(system, runs.get(system, (None, ""))[0]) for system in SYSTEMS]
+    lines += [_system_row(system, runs, earlier) for system in SYSTEMS]
     walls = {system: figures["iteration_wall_s"] for system, (figures, _) in runs.items()
              if "iteration_wall_s" in figures}
     peers = {system: wall for system, wall in walls.items() if system != "hybrid"}
@@ -203,6 +252,7 @@ def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]]) -> str:
     else:
         verdict = f"{MISSING} (target ≥ {PEER_SPEEDUP_TARGET}× the fastest peer)"
     lines += ["", f"Speed-up of `hybrid train`: {verdict}.", ""]
+    lines += _earlier_lines(runs, earlier)
     hybrid = runs.get("hybrid", ({}, ""))[0]
     if "iteration_gen_fraction_of_roofline" in hybrid:
         fraction = hybrid["iteration_gen_fraction_of_roofline"]
@@ -212,7 +262,8 @@ def render_peers(tag: str | None, runs: dict[str, tuple[dict, str]]) -> str:
     if tag is None:
         lines.append("No peer session in benchmarks/results yet (`benchmarks/peers/run_peers.sh`).")
     else:
-        sources = "; ".join(f"`{source}`" for _, source in runs.values())
+        sources = [source for _, source in runs.values()] + [source for _, source, _ in earlier.values()]
+        sources = "; ".join(f"`{source}`" for source in sources)
         lines.append(f"Session `{tag}`: {sources} (each file's meta says how its system ran; logs beside them).")
     return "\n".join(lines)
 
@@ -225,9 +276,10 @@ def replace_block(readme: str, table: str, start: str = START, end: str = END) -
 
 def tables() -> tuple[str, str, str]:
     """(issue #6's table, issue #7's table, issue 17's peer table) from the committed results."""
+    tag, runs = peer_session()
     return (render(load_figures("h200-hybrid-*.json", "h200-bench-*.json")),
             render_train(load_figures("h200-train-*.json", "h200-bench-*.json")),
-            render_peers(*peer_session()))
+            render_peers(tag, runs, earlier_peers(tag, runs)))
 
 
 def readme_with_tables(readme: str) -> str:

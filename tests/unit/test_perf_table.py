@@ -98,3 +98,34 @@ def test_peer_table_reads_the_newest_session_and_says_what_is_missing(tmp_path):
     assert "1.99× the fastest peer (TRL 1.16 `GRPOTrainer`)" in lines[6]
     assert "`h200-peers-2026-12-05-hybrid.json @ def5678`" in lines[8]
     assert perf_table["peer_session"](tmp_path / "none") == (None, {})
+
+
+def test_session_tags_sort_by_their_numbers():
+    order = perf_table["session_order"]
+    assert sorted(["s100", "s9", "s38", "s36-mp", "s36"], key=order) == ["s9", "s36", "s36-mp", "s38", "s100"]
+    assert sorted(["2026-12-11", "2026-12-05", "2026-11-30"], key=order) == ["2026-11-30", "2026-12-05", "2026-12-11"]
+
+
+def test_a_peer_the_session_lacks_shows_its_newest_earlier_run_outside_the_speedup(tmp_path):
+    for name, run in (("h200-peers-s9-openrlhf.json", _peer_run(40.0, {}, "0000009")),
+                      ("h200-peers-s36-mp-openrlhf.json", _peer_run(42.0, {"generation": 16.0}, "0000036")),
+                      ("h200-peers-s36-mp-trl.json", _peer_run(30.0, {}, "1000036")),  # measured in s100 too
+                      ("h200-peers-s100-hybrid.json", _peer_run(20.0, {})),
+                      ("h200-peers-s100-trl.json", TRL),
+                      ("h200-peers-s100-openrlhf.json", {**OPENRLHF, "figures": {}}),  # cut off in step 1
+                      ("h200-peers-s101-openrlhf.json", _peer_run(10.0, {}))):  # later than the session: not shown
+        (tmp_path / name).write_text(json.dumps(run))
+    tag, runs = perf_table["peer_session"](tmp_path)
+    earlier = perf_table["earlier_peers"](tag, runs, tmp_path)
+    assert tag == "s100" and sorted(earlier) == ["openrlhf"] and earlier["openrlhf"][2] == "s36-mp"
+    lines = perf_table["render_peers"](tag, runs, earlier).splitlines()
+    # other = 42.0 − 16.0
+    assert lines[3] == ("| OpenRLHF 0.11.2 `train_ppo_ray`, earlier session `s36-mp` | 42.0 s | 16.0 s | 0.0 s | 0.0 s "
+                        "| 0.0 s | 26.0 s |")
+    # the speed-up is against this session's TRL (39.7 s), not the earlier, slower-looking OpenRLHF
+    assert "1.99× the fastest peer (TRL 1.16 `GRPOTrainer`)" in lines[6]
+    assert lines[8] == ("From earlier sessions, not side by side, so not in the speed-up: OpenRLHF 0.11.2 "
+                        "`train_ppo_ray` in `s36-mp`, 42.0 s a step (2.10× ours).")
+    assert lines[10].endswith("`h200-peers-s36-mp-openrlhf.json @ 0000036` (each file's meta says how its system ran; "
+                              "logs beside them).")
+    assert perf_table["earlier_peers"](None, {}, tmp_path) == {}

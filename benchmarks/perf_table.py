@@ -199,11 +199,9 @@ def earlier_peers(tag: str | None, runs: dict, results_dir: Path = RESULTS) -> d
         return {}
     earlier: dict[str, tuple[dict, str, str]] = {}
     sessions = _peer_sessions(results_dir)
-    for other in sorted(sessions, key=session_order):
-        if session_order(other) >= session_order(tag):
-            continue
+    for other in sorted((t for t in sessions if session_order(t) < session_order(tag)), key=session_order):
         for system in _walled(sessions[other]) - {"hybrid"} - _walled(runs):
-            earlier[system] = (*sessions[other][system], other)
+            earlier[system] = (*sessions[other][system], other)  # a newer session overwrites an older one
     return earlier
 
 
@@ -218,7 +216,7 @@ def _peer_row(system: str, figures: dict | None, earlier_tag: str | None = None)
 
 
 def _system_row(system: str, runs: dict, earlier: dict) -> str:
-    if system in earlier and "iteration_wall_s" not in runs.get(system, ({}, ""))[0]:
+    if system in earlier:  # earlier_peers holds only the peers this session has no step wall of
         return _peer_row(system, earlier[system][0], earlier[system][2])
     return _peer_row(system, runs.get(system, (None, ""))[0])
 

@@ -28,3 +28,19 @@ def _read_qwen3_kernels() -> dict:
 
 
 _QWEN3_OWN_KERNELS = _read_qwen3_kernels()
+
+
+def send_buckets(conn, module, bucket_bytes: int) -> None:
+    """The actor's side of a CUDA IPC sync over a pipe: `module`'s parameters packed into two reused buffers, each
+    bucket sent as a shared handle; a buffer comes round again only after the receiver answered "loaded". Ends with
+    None."""
+    import torch
+
+    from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
+
+    buffers = BucketBuffers(largest_bucket_bytes(module, bucket_bytes), torch.device("cuda"))
+    for bucket in iter_buckets(module, bucket_bytes, buffers=buffers):
+        torch.cuda.synchronize()
+        conn.send(share_bucket(bucket))
+        assert conn.recv() == "loaded"
+    conn.send(None)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-from gpu_helpers import fixed_sequence
+from gpu_helpers import fixed_sequence, send_buckets
 
 pytestmark = pytest.mark.gpu
 
@@ -86,15 +86,8 @@ def _send_buckets(conn, standin) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, largest_bucket_bytes, share_bucket
-
     module = AutoModelForCausalLM.from_pretrained(str(standin), dtype=torch.bfloat16).cuda()
-    buffers = BucketBuffers(largest_bucket_bytes(module, BUCKET_BYTES), torch.device("cuda"))
-    for bucket in iter_buckets(module, BUCKET_BYTES, buffers=buffers):
-        torch.cuda.synchronize()
-        conn.send(share_bucket(bucket))
-        assert conn.recv() == "loaded"  # the buffer comes round again only after the engine loaded it
-    conn.send(None)
+    send_buckets(conn, module, BUCKET_BYTES)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 
 import pytest
-from gpu_helpers import fixed_sequence, mean_abs_diff
+from gpu_helpers import fixed_sequence, mean_abs_diff, send_buckets
 
 pytestmark = pytest.mark.gpu
 
@@ -46,16 +46,9 @@ def _share_from_child(conn, seed: int) -> None:
     """Child process: pack a seeded module's parameters into persistent buffers and share them via CUDA IPC."""
     import torch
 
-    from hybrid_core.engines.weight_sync import BucketBuffers, iter_buckets, share_bucket
-
     torch.manual_seed(seed)
     module = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)]).cuda().to(torch.bfloat16)
-    buffers = BucketBuffers(300_000, torch.device("cuda"))
-    for bucket in iter_buckets(module, 300_000, buffers=buffers):
-        torch.cuda.synchronize()
-        conn.send(share_bucket(bucket))
-        assert conn.recv() == "loaded"  # the buffer comes round again only after the receiver is done
-    conn.send(None)
+    send_buckets(conn, module, 300_000)
     conn.recv()
 
 

@@ -79,23 +79,24 @@ def _iteration_rows(run: IterationRun | None) -> list[tuple[str, str, str, str, 
                     met(min(fractions.values()) >= GEN_ROOFLINE_TARGET), where)]
 
 
+def judged_row(figures: dict, name: str, target: str, show, judge, *needed: str) -> tuple[str, str, str, str, str]:
+    """(name, measured, target, met, its files) from `figures` ({figure: (value, "file @ sha")}): `show` and `judge`
+    take {figure: value} of the `needed` figures; a missing one makes the row say it is not measured yet."""
+    if not all(key in figures for key in needed):
+        return name, MISSING, target, "—", ""
+    values = {key: figures[key][0] for key in needed}
+    sources = "; ".join(f"`{source}`" for source in dict.fromkeys(figures[key][1] for key in needed))
+    return name, show(values), target, met(judge(values)), sources
+
+
 def _figure_rows(figures: dict) -> list[tuple[str, str, str, str, str]]:
     """Training MFU on the default CUDA path and DeepSpeed's wake, from the newest files that have them."""
-    rows = []
-    if "train_mfu_1p7b" in figures and "train_mfu_4b" in figures:
-        (mfu_1p7b, source_1p7b), (mfu_4b, source_4b) = figures["train_mfu_1p7b"], figures["train_mfu_4b"]
-        sources = "; ".join(f"`{source}`" for source in dict.fromkeys((source_1p7b, source_4b)))
-        rows.append(("`train_mfu_1p7b` / `train_mfu_4b`, default CUDA path", f"{mfu_1p7b:.1%} / {mfu_4b:.1%}",
-                     f"≥ {MFU_TARGET:.0%}", met(min(mfu_1p7b, mfu_4b) >= MFU_TARGET), sources))
-    else:
-        rows.append(("`train_mfu_1p7b` / `train_mfu_4b`, default CUDA path", MISSING, f"≥ {MFU_TARGET:.0%}", "—", ""))
-    if "ds_wake_gbps" in figures:
-        wake, source = figures["ds_wake_gbps"]
-        rows.append(("`ds_wake_gbps`, slowest of 4 calls", f"{wake:.1f} GB/s", f"≥ {DS_WAKE_TARGET_GBPS:.0f} GB/s",
-                     met(wake >= DS_WAKE_TARGET_GBPS), f"`{source}`"))
-    else:
-        rows.append(("`ds_wake_gbps`, slowest of 4 calls", MISSING, f"≥ {DS_WAKE_TARGET_GBPS:.0f} GB/s", "—", ""))
-    return rows
+    return [judged_row(figures, "`train_mfu_1p7b` / `train_mfu_4b`, default CUDA path", f"≥ {MFU_TARGET:.0%}",
+                       lambda v: f"{v['train_mfu_1p7b']:.1%} / {v['train_mfu_4b']:.1%}",
+                       lambda v: min(v.values()) >= MFU_TARGET, "train_mfu_1p7b", "train_mfu_4b"),
+            judged_row(figures, "`ds_wake_gbps`, slowest of 4 calls", f"≥ {DS_WAKE_TARGET_GBPS:.0f} GB/s",
+                       lambda v: f"{v['ds_wake_gbps']:.1f} GB/s", lambda v: v["ds_wake_gbps"] >= DS_WAKE_TARGET_GBPS,
+                       "ds_wake_gbps")]
 
 
 def _peer_target_row(tag: str | None, runs: dict[str, tuple[dict, str]]) -> tuple[str, str, str, str, str]:

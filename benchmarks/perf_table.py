@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # committed_results beside this script, however it is run
 from committed_results import earlier_peers, load_figures, newest_default_iteration, peer_session  # noqa: E402
-from iteration_tables import MISSING, met, render_peers, render_targets  # noqa: E402
+from iteration_tables import MISSING, judged_row, met, render_peers, render_targets  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- perf-table:start -->", "<!-- perf-table:end -->"
@@ -64,10 +64,7 @@ def _rows(f: dict) -> list[tuple[str, str, str, str]]:
 def _train_rows(f: dict) -> list[tuple[str, str, str, str]]:
     """Issue #7's targets; each row reads its figures or says they are not measured yet."""
     def row(name: str, target: str, show, judge, *needed: str):
-        if not all(k in f for k in needed):
-            return name, MISSING, target, "—"
-        v = {k: f[k][0] for k in needed}
-        return name, show(v), target, met(judge(v))
+        return judged_row(f, name, target, show, judge, *needed)[:4]  # the table names its files once, beneath
 
     ratio = lambda v, key: v[f"plan_peak_gib_{key}"] / v[f"measured_peak_gib_{key}"] - 1  # noqa: E731
     within = lambda key: lambda v: abs(ratio(v, key)) <= 0.15  # noqa: E731

@@ -9,7 +9,7 @@ process and its child are pinned to one core.
 
 `--compare` instead grades the test cases with our grader alone, math-verify alone and the layered grader used by
 `hybrid_core.rewards.math`, and prints how many each gets right (the figures in README.md, "Math rewards").
-Usage: python benchmarks/bench_math_grader.py [--out FILE.json] [--num-responses N] [--compare]
+Usage: python benchmarks/bench_math_grader.py [--out FILE.json] [--num-responses N] [--compare [--cases FILE]]
 """
 from __future__ import annotations
 
@@ -29,13 +29,15 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 from run_all import git_sha  # noqa: E402
 CASES_FILE = REPO_ROOT / "tests" / "unit" / "rewards" / "math_cases.jsonl"
+# cases written after the grader, one batch per round of fixes; each batch was graded once before its fixes
+HELDOUT_BATCHES = ("heldout-", "heldout2-", "heldout3-")
 TARGET_S = 10.0  # issue 19: 10,000 responses in under 10 s on one core
 FILLER = ("We expand the product and collect like terms. ", "Substituting back into the equation gives ",
           "Checking the boundary cases, ", "so the two expressions agree. ", "Now $3 + 4 = 7$ and $7 \\cdot 2 = 14$. ")
 
 
-def load_cases() -> list[dict]:
-    return [json.loads(line) for line in CASES_FILE.read_text().splitlines()]
+def load_cases(path: Path = CASES_FILE) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def reasoning(rng: random.Random) -> str:
@@ -176,15 +178,22 @@ def _verdict_in_fork(grader, case: dict, timeout_s: float = 3.0) -> bool:
     return verdict
 
 
+def _by_batch(ids: list[str]) -> dict[str, int]:
+    return {batch: sum(i.startswith(batch) for i in ids) for batch in HELDOUT_BATCHES}
+
+
 def compare(cases: list[dict]) -> dict:
-    """How many cases each grader gets right, overall and on the cases written after the grader (heldout-*)."""
+    """How many cases each grader gets right, overall and in each batch written after the grader (`heldout-*`,
+    `heldout2-*`, …)."""
+    num_heldout = _by_batch([case["id"] for case in cases])
     result = {"benchmark": "math-grader-compare", "date": date.today().isoformat(), "git_sha": git_sha(),
-              "num_cases": len(cases), "num_heldout": sum(c["id"].startswith("heldout-") for c in cases)}
+              "num_cases": len(cases), "num_heldout": num_heldout}
     for name, grader in graders().items():
         grader("$\\boxed{(x+1)^2}$", "x^2+2x+1")  # lazy imports and parser builds happen once, before the forks
         wrong = [case["id"] for case in cases if _verdict_in_fork(grader, case) != case["expected"]]
-        result[name] = {"right": len(cases) - len(wrong), "heldout_right": result["num_heldout"] - sum(
-            i.startswith("heldout-") for i in wrong), "wrong": wrong}
+        wrong_by_batch = _by_batch(wrong)
+        result[name] = {"right": len(cases) - len(wrong), "wrong": wrong,
+                        "heldout_right": {batch: num_heldout[batch] - wrong_by_batch[batch] for batch in num_heldout}}
     return result
 
 
@@ -192,10 +201,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the JSON result to this file")
     parser.add_argument("--num-responses", type=int, default=10_000)
-    parser.add_argument("--compare", action="store_true", help="grade the test cases with the three graders")
+    parser.add_argument("--compare", action="store_true", help="grade the test cases with the four graders")
+    parser.add_argument("--cases", type=Path, default=CASES_FILE, help="JSONL cases for --compare (default: the "
+                        "unit tests'); a new held-out batch is graded from its own file before any fix")
     args = parser.parse_args()
     if args.compare:
-        result = compare(load_cases())
+        result = compare(load_cases(args.cases))
     else:
         result = bench(args.num_responses)
     line = json.dumps(result)

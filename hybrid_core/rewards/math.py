@@ -13,12 +13,15 @@ from fractions import Fraction
 from functools import lru_cache
 
 from hybrid_core.rewards.math_checker import SymbolicChecker
+from hybrid_core.rewards.math_forms import inequalities_as_intervals, joined_answers_as_list, mixed_numbers_as_fractions
 
 DEFAULT_TIMEOUT_S = 1.0  # per sample, for the sympy comparison only; warm checks take 0.1-300 ms
 REL_TOL = 1e-9  # numbers closer than this (relative) are equal: 1/3 vs 0.3333333333 yes, vs 0.333 no
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
-_PHRASE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*]*(.+)", re.IGNORECASE)
+_PHRASE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*]*", re.IGNORECASE)
+_HASHES = re.compile(r"^\s*####\s*(\S.*)$", re.MULTILINE)  # GSM8K's final line: #### 72
+_WORD = re.compile(r"[a-zA-Z]{2,}")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
 _SLASH = re.compile(r"([+-]?\d+)/(\d+)")
@@ -34,6 +37,10 @@ _REWRITES = tuple((re.compile(pattern), replacement) for pattern, replacement in
     (r"(\\(?:sin|cos|tan|sec|csc|cot))\s*\(?\s*(\d+(?:\.\d+)?)\s*\^\s*\{?\\circ\}?\s*\)?", r"\1(\\frac{\2\\pi}{180})"),
     (r"\\(?:left|right)(?![a-zA-Z])", ""),
     (r"(?<!\\)(?:\\[!,;:](?![a-zA-Z])|\\ )|~|\\q?quad\b|\\displaystyle\b", " "),
+    # "2 or 3", "x<3 \text{ or } x>5", "1, 2, and 3": joiners, before a \text after a number is taken for a unit
+    (r",\s*(?:and|or)\s+|,\s*\\(?:text|mbox|textrm|mathrm)\{\s*(?:and|or)\s*\}", ","),
+    (r"\\(?:text|mbox|textrm|mathrm)\{\s*or\s*\}|(?<=\S)\s+or\s+(?=\S)", r" \\lor "),
+    (r"\\(?:text|mbox|textrm|mathrm)\{\s*and\s*\}|(?<=\S)\s+and\s+(?=\S)", r" \\land "),
     (r"\\\$|\$|\\%|%|\^\{?\\circ\}?|°|\\degree\b", ""),
     (r"\u2212", "-"),
     (r"π", r"\\pi "),
@@ -60,15 +67,27 @@ class Grade:
 
 
 def extract_answer(response: str) -> str | None:
-    """The final answer: the last \\boxed{...} or \\fbox{...} (nested braces handled), else the last
-    "answer is ..." / "Answer: ..." phrase, else None. A truncated last box (unbalanced braces) is no answer."""
+    """The final answer: the last \\boxed{...} or \\fbox{...} (nested braces handled), else whichever comes last
+    of an "answer is ..." / "Answer: ..." phrase and a GSM8K line "#### ...", else None. A truncated last box
+    (unbalanced braces) is no answer."""
     starts = [match.end() for match in _BOX.finditer(response)]
     if starts:
         answer = _box_content(response, starts[-1])
     else:
-        phrases = list(_PHRASE.finditer(response))
-        answer = _phrase_content(phrases[-1].group(1)) if phrases else None
+        answer = _marked_answer(response)
     return answer.strip() if answer and answer.strip() else None
+
+
+def _marked_answer(response: str) -> str | None:
+    """The text after the last answer marker: "The final answer is $6$" inside "Final Answer: ..." counts."""
+    phrases = list(_PHRASE.finditer(response))
+    hashes = list(_HASHES.finditer(response))
+    phrase_at = phrases[-1].start() if phrases else -1
+    if hashes and hashes[-1].start() > phrase_at:
+        return hashes[-1].group(1)
+    if not phrases:
+        return None
+    return _phrase_content(response[phrases[-1].end():].split("\n", 1)[0])
 
 
 def _box_content(text: str, start: int) -> str | None:
@@ -104,17 +123,20 @@ def _repeating_as_fraction(match: re.Match) -> str:
 
 
 @lru_cache(maxsize=65536)
-def normalise_answer(answer: str) -> str:
+def normalise_answer(answer: str, keep_assignment: bool = False) -> str:
     """The answer with presentation erased: \\left/\\right, spacing commands, $, %, degrees, units in \\text,
-    thousands separators, trailing zeros, \\dfrac/\\tfrac and \\frac12, a leading `x =` or `x \\in`; repeating
-    decimals become fractions. Cached: labels repeat."""
+    thousands separators, trailing zeros, \\dfrac/\\tfrac and \\frac12, a leading `x =` or `x \\in` (unless
+    `keep_assignment`); repeating decimals and mixed numbers become fractions, one-variable inequalities intervals,
+    answers joined by "and" / "or" lists (`math_forms`). Cached: labels repeat."""
     for pattern, replacement in _REWRITES:
         answer = pattern.sub(replacement, answer)
     answer = _REPEATING.sub(_repeating_as_fraction, answer)
     # spaces go, except one between a command and a letter (\pi r must not become \pir)
     answer = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x00", answer)
     answer = re.sub(r"\s+", "", answer).replace("\x00", " ")
-    if assignment := _ASSIGNMENT.match(answer):
+    answer = mixed_numbers_as_fractions(answer)
+    answer = joined_answers_as_list(inequalities_as_intervals(answer))
+    if not keep_assignment and (assignment := _ASSIGNMENT.match(answer)):
         answer = answer[assignment.end():]
     answer = answer.rstrip(".").removeprefix("+")
     if _THOUSANDS.fullmatch(answer):
@@ -149,6 +171,8 @@ def quick_verdict(answer: str, label: str) -> bool | None:
     exactly unless one is written as a decimal (…891 and …890 differ by less than REL_TOL, yet differ)."""
     if answer == label:
         return True
+    if _WORD.fullmatch(answer) and _WORD.fullmatch(label) and answer.casefold() == label.casefold():
+        return True  # Monday and monday; words that differ go on to sympy, where xy is yx
     a = as_number(answer)
     b = as_number(label)
     if a is None or b is None:
@@ -165,14 +189,23 @@ def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S,
     extracted = extract_answer(response)
     if extracted is None:
         return Grade(is_correct=False, is_format_ok=False, is_timeout=False, extracted=None)
+    label = str(label).strip()
     answer = normalise_answer(extracted)
-    gold = normalise_answer(str(label).strip())
+    gold = normalise_answer(label)
     if not answer or not gold:
         return Grade(is_correct=False, is_format_ok=bool(answer), is_timeout=False, extracted=extracted)
-    verdict = quick_verdict(answer, gold)
-    if verdict is None:
-        verdict = (checker or _default_checker).is_equal(answer, gold, timeout_s=timeout_s)
+    checker = checker or _default_checker
+    verdict = _verdict(answer, gold, timeout_s, checker)
+    whole = (normalise_answer(extracted, keep_assignment=True), normalise_answer(label, keep_assignment=True))
+    if verdict is False and whole != (answer, gold):  # y=-2x+3 and 2x+y=3: one line once neither loses `y =`
+        verdict = _verdict(*whole, timeout_s, checker)
     return Grade(is_correct=bool(verdict), is_format_ok=True, is_timeout=verdict is None, extracted=extracted)
+
+
+def _verdict(answer: str, gold: str, timeout_s: float, checker: SymbolicChecker) -> bool | None:
+    """Two normalised answers: text and plain numbers here, the rest in the checker's child (None: timed out)."""
+    verdict = quick_verdict(answer, gold)
+    return checker.is_equal(answer, gold, timeout_s=timeout_s) if verdict is None else verdict
 
 
 def grade_batch(responses: list[str], labels: list[str], timeout_s: float = DEFAULT_TIMEOUT_S,

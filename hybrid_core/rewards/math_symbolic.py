@@ -40,6 +40,7 @@ _REWRITES = tuple((re.compile(pattern), replacement) for pattern, replacement in
     (r"\}", ")"),
 ))
 _COMMAND = re.compile(r"\\(frac|sqrt|binom)(?![a-zA-Z])")
+_UNORDERED = {"list": "set"}  # the kinds compared as one
 _SAFE_TEXT = re.compile(r"[0-9a-zA-Z+\-*/^().,! ]*")
 
 
@@ -193,8 +194,9 @@ def _match_unordered(answers: list, labels: list, equal) -> bool:
 
 
 def structures_equal(a: tuple, b: tuple) -> bool:
-    """Our own comparison: same kind, then elements (unordered for sets, lists and unions)."""
-    if a[0] != b[0]:
+    """Our own comparison: same kind, then elements (unordered for sets, lists and unions). A list and a set
+    compare alike: `2, 3` answers `\\{2,3\\}`, as "all solutions" are written either way."""
+    if _UNORDERED.get(a[0], a[0]) != _UNORDERED.get(b[0], b[0]):
         return False
     if a[0] == "scalar":
         return scalars_equal(a[1], b[1])

@@ -8,6 +8,7 @@ do. The measured comparison with math-verify alone is in README.md, "Math reward
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -186,6 +187,13 @@ _default_checker = SymbolicChecker()  # one child process per Python process, st
 def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S,
           checker: SymbolicChecker | None = None) -> Grade:
     """Grade one response against its label (an answer string such as "5/6" or "\\frac{\\sqrt{3}}{2}")."""
+    checker = checker or _default_checker
+    return grade_with(response, label, lambda answer, gold: checker.is_equal(answer, gold, timeout_s=timeout_s))
+
+
+def grade_with(response: str, label: str, is_equal: Callable[[str, str], bool | None]) -> Grade:
+    """`grade`, with `is_equal` comparing the normalised answers that `quick_verdict` leaves undecided (None: it ran
+    out of time). `benchmarks/bench_math_grader.py` passes other comparers through the same steps."""
     extracted = extract_answer(response)
     if extracted is None:
         return Grade(is_correct=False, is_format_ok=False, is_timeout=False, extracted=None)
@@ -194,18 +202,16 @@ def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S,
     gold = normalise_answer(label)
     if not answer or not gold:
         return Grade(is_correct=False, is_format_ok=bool(answer), is_timeout=False, extracted=extracted)
-    checker = checker or _default_checker
-    verdict = _verdict(answer, gold, timeout_s, checker)
+    verdict = _verdict(answer, gold, is_equal)
     whole = (normalise_answer(extracted, keep_assignment=True), normalise_answer(label, keep_assignment=True))
     if verdict is False and whole != (answer, gold):  # y=-2x+3 and 2x+y=3: one line once neither loses `y =`
-        verdict = _verdict(*whole, timeout_s, checker)
+        verdict = _verdict(*whole, is_equal)
     return Grade(is_correct=bool(verdict), is_format_ok=True, is_timeout=verdict is None, extracted=extracted)
 
 
-def _verdict(answer: str, gold: str, timeout_s: float, checker: SymbolicChecker) -> bool | None:
-    """Two normalised answers: text and plain numbers here, the rest in the checker's child (None: timed out)."""
+def _verdict(answer: str, gold: str, is_equal: Callable[[str, str], bool | None]) -> bool | None:
     verdict = quick_verdict(answer, gold)
-    return checker.is_equal(answer, gold, timeout_s=timeout_s) if verdict is None else verdict
+    return is_equal(answer, gold) if verdict is None else verdict
 
 
 def grade_batch(responses: list[str], labels: list[str], timeout_s: float = DEFAULT_TIMEOUT_S,

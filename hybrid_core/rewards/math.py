@@ -21,7 +21,8 @@ REL_TOL = 1e-9  # numbers closer than this (relative) are equal: 1/3 vs 0.333333
 
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])\s*")
 _PHRASE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*]*", re.IGNORECASE)
-_HASHES = re.compile(r"^\s*####\s*(\S.*)$", re.MULTILINE)  # GSM8K's final line: #### 72
+# GSM8K's final line, `#### 72`: only as the last line, and a value, since "#### Step 2" is a markdown heading
+_HASHES = re.compile(r"^[ \t]*####[ \t]*([-+$\\\d.(\[{][^\n]*?)\s*\Z", re.MULTILINE)
 _WORD = re.compile(r"[a-zA-Z]{2,}")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 _DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
@@ -80,12 +81,12 @@ def extract_answer(response: str) -> str | None:
 
 
 def _marked_answer(response: str) -> str | None:
-    """The text after the last answer marker: "The final answer is $6$" inside "Final Answer: ..." counts."""
+    """The text after the last answer marker ("The final answer is $6$" inside "Final Answer: ..." counts), or the
+    GSM8K last line when it comes after every phrase."""
     phrases = list(_PHRASE.finditer(response))
-    hashes = list(_HASHES.finditer(response))
-    phrase_at = phrases[-1].start() if phrases else -1
-    if hashes and hashes[-1].start() > phrase_at:
-        return hashes[-1].group(1)
+    hashes = _HASHES.search(response)
+    if hashes and (not phrases or hashes.start() > phrases[-1].start()):
+        return hashes.group(1)
     if not phrases:
         return None
     return _phrase_content(response[phrases[-1].end():].split("\n", 1)[0])

@@ -89,6 +89,10 @@ def test_the_last_marker_gives_the_answer():
     assert extract_answer("The answer is 5, I thought.\n#### 7") == "7"
     assert extract_answer("#### 7\nOn reflection, the answer is 5.") == "5"
     assert extract_answer("#### 7\nthen $\\boxed{9}$") == "9"  # a box still comes first
+    assert extract_answer("The answer is 5.\n#### Checking\nIt holds.") == "5"  # a markdown heading, not GSM8K's
+    assert extract_answer("So:\n#### 7  \n\n") == "7"
+    assert extract_answer("The answer is 5.\n#### Checking") == "5"
+    assert extract_answer("#### $\\frac{1}{2}$") == "$\\frac{1}{2}$"  # normalisation drops the dollars
     assert extract_answer("####\n") is None
 
 

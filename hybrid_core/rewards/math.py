@@ -8,6 +8,7 @@ do. The measured comparison with math-verify alone is in README.md, "Math reward
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -187,9 +188,15 @@ _default_checker = SymbolicChecker()  # one child process per Python process, st
 
 def grade(response: str, label: str, timeout_s: float = DEFAULT_TIMEOUT_S,
           checker: SymbolicChecker | None = None) -> Grade:
-    """Grade one response against its label (an answer string such as "5/6" or "\\frac{\\sqrt{3}}{2}")."""
+    """Grade one response against its label (an answer string such as "5/6" or "\\frac{\\sqrt{3}}{2}");
+    `timeout_s` bounds the sympy work of the sample, both comparisons together when an equation is compared again."""
     checker = checker or _default_checker
-    return grade_with(response, label, lambda answer, gold: checker.is_equal(answer, gold, timeout_s=timeout_s))
+    deadline = time.monotonic() + timeout_s
+
+    def is_equal(answer: str, gold: str) -> bool | None:
+        left_s = deadline - time.monotonic()
+        return checker.is_equal(answer, gold, timeout_s=left_s) if left_s > 0 else None
+    return grade_with(response, label, is_equal)
 
 
 def grade_with(response: str, label: str, is_equal: Callable[[str, str], bool | None]) -> Grade:
@@ -206,7 +213,7 @@ def grade_with(response: str, label: str, is_equal: Callable[[str, str], bool | 
     verdict = _verdict(answer, gold, is_equal)
     whole = (normalise_answer(extracted, keep_assignment=True), normalise_answer(label, keep_assignment=True))
     if verdict is False and whole != (answer, gold):  # y=-2x+3 and 2x+y=3: one line once neither loses `y =`
-        verdict = _verdict(*whole, is_equal)
+        verdict = _verdict(*whole, is_equal) or False  # out of time: the values were judged unequal already
     return Grade(is_correct=bool(verdict), is_format_ok=True, is_timeout=verdict is None, extracted=extracted)
 
 

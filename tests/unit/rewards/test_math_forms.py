@@ -2,9 +2,12 @@
 
 Expected strings are written out by hand; each rewrite must also leave alone what it cannot be sure of.
 """
+import time
+
 import pytest
 
 from hybrid_core.rewards.math import extract_answer, grade, normalise_answer, quick_verdict
+from hybrid_core.rewards.math_checker import SymbolicChecker
 from hybrid_core.rewards.math_forms import (inequalities_as_intervals, joined_answers_as_list,
                                             mixed_numbers_as_fractions)
 
@@ -101,3 +104,32 @@ def test_an_equation_is_compared_whole_when_its_value_alone_differs():
     assert not grade("$\\boxed{y=3x+2}$", "3x-y=2").is_correct
     assert grade("$\\boxed{2x+1}$", "y=2x+1").is_correct  # the value of y, as before
     assert not grade("$\\boxed{x=3}$", "x=4").is_correct
+
+
+class SlowChecker(SymbolicChecker):
+    """The real checker, 0.3 s slower a question; keeps the time limit each question was given."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits: list[float] = []
+
+    def is_equal(self, answer: str, label: str, timeout_s: float) -> bool | None:
+        self.limits.append(timeout_s)
+        time.sleep(0.3)
+        return super().is_equal(answer, label, timeout_s)
+
+
+def test_the_second_comparison_shares_the_samples_time_limit():
+    checker = SlowChecker()
+    try:
+        checker.is_equal("\\sqrt{8}", "2\\sqrt{2}", timeout_s=60)  # the child is up before the clocks start
+        checker.limits.clear()
+        result = grade("$\\boxed{y=3x+2}$", "3x-y=2", timeout_s=5.0, checker=checker)
+        assert not result.is_correct and not result.is_timeout
+        first_s, second_s = checker.limits
+        assert 4.9 < first_s <= 5.0 and second_s < first_s - 0.3
+        checker.limits.clear()
+        result = grade("$\\boxed{y=3x+2}$", "3x-y=2", timeout_s=0.25, checker=checker)
+        assert len(checker.limits) == 1  # no time left: no second question
+        assert not result.is_correct and not result.is_timeout  # the values were judged unequal in time
+    finally:
+        checker.close()

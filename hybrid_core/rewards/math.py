@@ -31,7 +31,9 @@ _SLASH = re.compile(r"([+-]?\d+)/(\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _GREEK = "alpha|beta|gamma|delta|theta|lambda|mu|phi|psi|omega|rho|sigma|tau"
-_ASSIGNMENT = re.compile(rf"(?:[a-zA-Z](?:_\{{?\w+\}}?)?|\\(?:{_GREEK})|\([a-z](?:,[a-z])+\))(?:=|\\in\b)(?=[^=]+$)")
+# x =, a_1 =, \theta =, (x,y) =, and a function's name: f(x) =, f^{-1}(x) =
+_ASSIGNMENT = re.compile(rf"(?:[a-zA-Z](?:_\{{?\w+\}}?)?|\\(?:{_GREEK})|\([a-z](?:,[a-z])+\)|"
+                         rf"[a-zA-Z](?:\^\{{?-1\}}?)?\([a-z](?:,[a-z])*\))(?:=|\\in\b)(?=[^=]+$)")
 _REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
 _UNIT_WORDS = ("units?|square units|cm|centimeters?|mm|m|meters?|km|kilometers?|inch|inches|in|feet|foot|ft|"
                "miles?|degrees?|dollars?|cents?|seconds?|minutes?|hours?|days?|years?|kg|grams?|g")

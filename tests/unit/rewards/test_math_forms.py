@@ -77,6 +77,9 @@ def test_normalisation_reads_the_joiners_before_units_and_spaces():
     assert normalise_answer("\\text{even and odd}") == "even,odd"
     assert normalise_answer("y = 2x+1") == "2x+1"
     assert normalise_answer("y = 2x+1", keep_assignment=True) == "y=2x+1"
+    assert normalise_answer("f(x) = 2x+1") == normalise_answer("f^{-1}(x)=2x+1") == "2x+1"
+    assert normalise_answer("g(x,y)=xy") == "xy"
+    assert normalise_answer("f(2)=5") == "f(2)=5"  # a value of f, not its definition
 
 
 def test_words_differing_only_in_case_are_equal_and_other_words_go_on():

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 from run_all import git_sha  # noqa: E402
 CASES_FILE = REPO_ROOT / "tests" / "unit" / "rewards" / "math_cases.jsonl"
 # cases written after the grader, one batch per round of fixes; each batch was graded once before its fixes
-HELDOUT_BATCHES = ("heldout-", "heldout2-", "heldout3-")
+HELDOUT_BATCHES = ("heldout-", "heldout2-", "heldout3-", "heldout4-")
 TARGET_S = 10.0  # issue 19: 10,000 responses in under 10 s on one core
 FILLER = ("We expand the product and collect like terms. ", "Substituting back into the equation gives ",
           "Checking the boundary cases, ", "so the two expressions agree. ", "Now $3 + 4 = 7$ and $7 \\cdot 2 = 14$. ")

@@ -15,6 +15,7 @@ _CANONICAL = {"\\leqslant": "≤", "\\leq": "≤", "\\le": "≤", "<=": "≤", "
               "\\geqslant": "≥", "\\geq": "≥", "\\ge": "≥", ">=": "≥", "≥": "≥", "\\gt": ">", ">": ">"}
 _MIRROR = {">": "<", "≥": "≤"}
 _VARIABLE = re.compile(r"[a-zA-Z]")
+_EXCLUDED = re.compile(r"[a-zA-Z](?:\\neq?(?![a-zA-Z])|≠)\s?(.+)")  # x \neq 2: every real but one
 _NAMED_VALUE = re.compile(r"([a-zA-Z])=([^=]+)")
 _BARE_LETTER = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]")
 # 2\frac{1}{4} is two and a quarter, when the whole number stands alone and the fraction is proper
@@ -81,7 +82,11 @@ def _both_sides(halves: list) -> tuple | None:
 
 def inequalities_as_intervals(answer: str) -> str:
     """`x>2` → `(2,\\infty)`, `-2<x\\le4` → `(-2,4]`, `x<3 \\lor x>5` → `(-\\infty,3)\\cup(5,\\infty)`,
-    `x>2 \\land x<5` → `(2,5)`: one variable, bounds without variables. Anything else is returned unchanged."""
+    `x>2 \\land x<5` → `(2,5)`, `x\\neq2` → `(-\\infty,2)\\cup(2,\\infty)`: one variable, bounds without variables.
+    Anything else is returned unchanged."""
+    if (excluded := _EXCLUDED.fullmatch(answer)) and _is_bound(excluded.group(1)) and "," not in excluded.group(1):
+        point = excluded.group(1)
+        return f"(-\\infty,{point})\\cup({point},\\infty)"
     if not _OPERATOR.search(answer):
         return answer
     parts = _JOINER.split(answer)

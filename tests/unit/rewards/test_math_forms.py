@@ -23,6 +23,9 @@ from hybrid_core.rewards.math_forms import (inequalities_as_intervals, joined_an
     ("x<3\\cup x>5", "(-\\infty,3)\\cup(5,\\infty)"),
     ("x>2\\land x<5", "(2,5)"),
     ("x\\le5\\land x\\ge-5", "[-5,5]"),
+    ("x\\neq2", "(-\\infty,2)\\cup(2,\\infty)"),
+    ("x\\ne -\\frac{1}{2}", "(-\\infty,-\\frac{1}{2})\\cup(-\\frac{1}{2},\\infty)"),
+    ("x≠0", "(-\\infty,0)\\cup(0,\\infty)"),
 ])
 def test_one_variable_inequalities_become_intervals(answer, interval):
     assert inequalities_as_intervals(answer) == interval
@@ -38,6 +41,8 @@ def test_one_variable_inequalities_become_intervals(answer, interval):
     "x>2\\lor 7",  # one part is no inequality
     "\\left(x\\right)",
     "(2,5)",
+    "x\\neq a",  # a parameter
+    "x\\neq2,3",  # two excluded points: not one bound
 ])
 def test_what_is_not_a_one_variable_inequality_stays(answer):
     assert inequalities_as_intervals(answer) == answer

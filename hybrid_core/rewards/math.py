@@ -213,9 +213,10 @@ def grade_with(response: str, label: str, is_equal: Callable[[str, str], bool | 
     if not answer or not gold:
         return Grade(is_correct=False, is_format_ok=bool(answer), is_timeout=False, extracted=extracted)
     verdict = _verdict(answer, gold, is_equal)
-    whole = (normalise_answer(extracted, keep_assignment=True), normalise_answer(label, keep_assignment=True))
-    if verdict is False and whole != (answer, gold):  # y=-2x+3 and 2x+y=3: one line once neither loses `y =`
-        verdict = _verdict(*whole, is_equal) or False  # out of time: the values were judged unequal already
+    if verdict is False:  # y=-2x+3 and 2x+y=3: one line once neither loses its `y =`
+        whole = (normalise_answer(extracted, keep_assignment=True), normalise_answer(label, keep_assignment=True))
+        if whole != (answer, gold):
+            verdict = _verdict(*whole, is_equal) or False  # out of time: the values were judged unequal already
     return Grade(is_correct=bool(verdict), is_format_ok=True, is_timeout=verdict is None, extracted=extracted)
 
 

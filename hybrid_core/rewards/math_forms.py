@@ -71,13 +71,11 @@ def _interval(lower: Bound | None, upper: Bound | None) -> str:
     return f"{left},{right}"
 
 
-def _both_sides(halves: list) -> tuple | None:
-    """`x>2 \\land x\\le 5`: one lower and one upper bound of one variable, as one half-lines triple."""
-    if len(halves) != 2 or halves[0][0] != halves[1][0]:
-        return None
-    lowers = [h[1] for h in halves if h[1] is not None and h[2] is None]
-    uppers = [h[2] for h in halves if h[2] is not None and h[1] is None]
-    return (halves[0][0], lowers[0], uppers[0]) if len(lowers) == len(uppers) == 1 else None
+def _both_sides(halves: list) -> tuple[Bound, Bound] | None:
+    """`x>2 \\land x\\le 5` (one variable, already checked): its one lower and one upper bound."""
+    lowers = [lower for _, lower, upper in halves if lower is not None and upper is None]
+    uppers = [upper for _, lower, upper in halves if upper is not None and lower is None]
+    return (lowers[0], uppers[0]) if len(halves) == 2 and len(lowers) == len(uppers) == 1 else None
 
 
 def inequalities_as_intervals(answer: str) -> str:
@@ -96,7 +94,7 @@ def inequalities_as_intervals(answer: str) -> str:
         return answer
     if joiners == {"land"}:
         both = _both_sides(halves)
-        return _interval(both[1], both[2]) if both else answer
+        return _interval(*both) if both else answer
     if joiners - {"lor", "cup"}:
         return answer
     return "\\cup".join(_interval(lower, upper) for _, lower, upper in halves)

@@ -11,11 +11,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import lru_cache
 
 from hybrid_core.rewards.math_checker import SymbolicChecker
-from hybrid_core.rewards.math_forms import inequalities_as_intervals, joined_answers_as_list, mixed_numbers_as_fractions
+from hybrid_core.rewards.math_forms import (MAX_EXACT_DIGITS, inequalities_as_intervals, joined_answers_as_list,
+                                            mixed_numbers_as_fractions)
 
 DEFAULT_TIMEOUT_S = 1.0  # per sample, for the sympy comparison only; warm checks take 0.1-300 ms
 REL_TOL = 1e-9  # numbers closer than this (relative) are equal: 1/3 vs 0.3333333333 yes, vs 0.333 no
@@ -26,7 +28,7 @@ _PHRASE = re.compile(r"\banswer\s*(?:is\b|:)[\s:*]*", re.IGNORECASE)
 _HASHES = re.compile(r"^[ \t]*####[ \t]*([-+$\\\d.(\[{][^\n]*?)\s*\Z", re.MULTILINE)
 _WORD = re.compile(r"[a-zA-Z]{2,}")
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
-_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
+_DECIMAL = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")  # one way to split the digits: linear, not quadratic
 _SLASH = re.compile(r"([+-]?\d+)/(\d+)")
 _FRAC = re.compile(r"([+-]?)\\frac\{([+-]?\d+(?:\.\d+)?)\}\{(\d+(?:\.\d+)?)\}")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -34,7 +36,8 @@ _GREEK = "alpha|beta|gamma|delta|theta|lambda|mu|phi|psi|omega|rho|sigma|tau"
 # x =, a_1 =, \theta =, (x,y) =, and a function's name: f(x) =, f^{-1}(x) =
 _ASSIGNMENT = re.compile(rf"(?:[a-zA-Z](?:_\{{?\w+\}}?)?|\\(?:{_GREEK})|\([a-z](?:,[a-z])+\)|"
                          rf"[a-zA-Z](?:\^\{{?-1\}}?)?\([a-z](?:,[a-z])*\))(?:=|\\in\b)(?=[^=]+$)")
-_REPEATING = re.compile(r"(\d*)\.(\d*)\\overline\{(\d+)\}")
+_REPEATING = re.compile(r"(?<!\d)(\d*)\.(\d*)\\overline\{(\d+)\}")
+_NOT_DIGITS = str.maketrans("", "", "0123456789")
 _UNIT_WORDS = ("units?|square units|cm|centimeters?|mm|m|meters?|km|kilometers?|inch|inches|in|feet|foot|ft|"
                "miles?|degrees?|dollars?|cents?|seconds?|minutes?|hours?|days?|years?|kg|grams?|g")
 _REWRITES = tuple((re.compile(pattern), replacement) for pattern, replacement in (
@@ -122,6 +125,8 @@ def _phrase_content(tail: str) -> str:
 def _repeating_as_fraction(match: re.Match) -> str:
     """0.1\\overline{6} = 0.1 + 6/90 = 1/6."""
     whole, fixed, repeat = match.groups()
+    if len(whole) + len(fixed) + len(repeat) > MAX_EXACT_DIGITS:
+        return match.group()
     value = (int(whole or 0) + Fraction(int(fixed or 0), 10 ** len(fixed))
              + Fraction(int(repeat), (10 ** len(repeat) - 1) * 10 ** len(fixed)))
     return f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
@@ -151,19 +156,53 @@ def normalise_answer(answer: str, keep_assignment: bool = False) -> str:
     return answer
 
 
+def _number_parts(answer: str) -> tuple[str, str] | None:
+    """A plain number's numerator and denominator as written (a decimal's denominator is "1"), else None."""
+    if _DECIMAL.fullmatch(answer):
+        return answer, "1"
+    if match := _SLASH.fullmatch(answer):
+        return match.group(1), match.group(2)
+    if match := _FRAC.fullmatch(answer):
+        sign, numerator, denominator = match.groups()
+        return (sign + numerator if not numerator.startswith(("+", "-")) else numerator), denominator
+    return None
+
+
 def as_number(answer: str) -> Fraction | None:
     """A normalised answer written as a plain number (integer, decimal, a/b or \\frac{a}{b}), else None.
     Powers are never evaluated here: 9^{9^{9}} is not a plain number."""
-    if _DECIMAL.fullmatch(answer):
-        return Fraction(answer)
-    if match := _SLASH.fullmatch(answer):
-        numerator, denominator = match.groups()
-    elif match := _FRAC.fullmatch(answer):
-        sign, numerator, denominator = match.groups()
-        numerator = sign + numerator if not numerator.startswith(("+", "-")) else numerator
-    else:
+    parts = _number_parts(answer)
+    if parts is None:
         return None
-    return Fraction(numerator) / Fraction(denominator) if Fraction(denominator) != 0 else None
+    numerator, denominator = (Fraction(part) for part in parts)
+    return numerator / denominator if denominator != 0 else None
+
+
+def digit_count(text: str) -> int:
+    """How many of the characters are the digits 0-9."""
+    return len(text) - len(text.translate(_NOT_DIGITS))
+
+
+def long_number_verdict(answer: str, label: str) -> bool:
+    """The verdict when either side has more than MAX_EXACT_DIGITS digits: two plain numbers are compared by
+    cross-multiplying in exact decimal arithmetic (linear-time parsing, fast products; no Python int is made),
+    within REL_TOL when one is written as a decimal; anything else with that many digits is wrong, never sent to
+    sympy (a 10,000-digit polynomial is no answer to grade within a second)."""
+    a = _number_parts(answer)
+    b = _number_parts(label)
+    if a is None or b is None:
+        return False
+    with localcontext() as exact:
+        exact.prec = len(answer) + len(label) + 8  # room for every digit of a product: nothing rounds
+        a_num, a_den = (Decimal(part) for part in a)
+        b_num, b_den = (Decimal(part) for part in b)
+        if a_den == 0 or b_den == 0:
+            return False
+        left = a_num * b_den
+        right = b_num * a_den
+        if "." not in answer + label:
+            return left == right
+        return abs(left - right) <= Decimal(str(REL_TOL)) * max(abs(left), abs(right))
 
 
 def numbers_close(a: Fraction, b: Fraction) -> bool:
@@ -178,6 +217,8 @@ def quick_verdict(answer: str, label: str) -> bool | None:
         return True
     if _WORD.fullmatch(answer) and _WORD.fullmatch(label) and answer.casefold() == label.casefold():
         return True  # Monday and monday; words that differ go on to sympy, where xy is yx
+    if max(digit_count(answer), digit_count(label)) > MAX_EXACT_DIGITS:
+        return long_number_verdict(answer, label)
     a = as_number(answer)
     b = as_number(label)
     if a is None or b is None:

@@ -22,12 +22,17 @@ _BARE_LETTER = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]")
 _MIXED = re.compile(r"(?<![\w.^_}\\])(\d+)\\frac\{(\d+)\}\{(\d+)\}")
 
 Bound = tuple[str, bool]  # a bound's text and whether it is included
+# Python refuses str <-> int conversions past 4,300 digits (CVE-2020-10735) and they are quadratic before that:
+# numbers longer than this are never turned into integers by text rewrites
+MAX_EXACT_DIGITS = 4000
 
 
 def mixed_numbers_as_fractions(answer: str) -> str:
     """2\\frac{1}{4} → \\frac{9}{4} (a sign before it stays: -2\\frac{1}{4} is -9/4); 2\\frac{5}{4} and
     x^2\\frac{1}{4} are products and stay."""
     def improper(match: re.Match) -> str:
+        if sum(len(group) for group in match.groups()) > MAX_EXACT_DIGITS:
+            return match.group()
         whole, numerator, denominator = (int(group) for group in match.groups())
         if not 0 < numerator < denominator:
             return match.group()

@@ -79,7 +79,11 @@ def _bad_row(where: str, row: object, input_key: str) -> str | None:
     value = row.get(input_key)
     if value is None or (isinstance(value, str) and not value.strip()):
         what = "has no" if input_key not in row else f"has an empty ({value!r})"
-        return f"{where} {what} {input_key!r} (data.input_key): its keys are {sorted(row)}"
+        return (f"{where} {what} {input_key!r} (data.input_key): its keys are {sorted(row)}; give every prompt a "
+                "non-empty input")
+    if not isinstance(value, str):  # str() would train on "['a', 'b']"; chat message lists are not read either
+        return (f"{where} has {input_key!r} (data.input_key) of type {type(value).__name__}, not a string: got "
+                f"{str(value)[:60]!r}; write every prompt as a string (a chat conversation as its user message)")
     return None
 
 
@@ -99,7 +103,9 @@ def prompt_dataset_problems(dataset: str, input_key: str, label_key: str | None,
     if num_rows and input_key not in keys:
         return [f"data.input_key {input_key!r} is not a column of {dataset!r}: its columns are {sorted(keys)}; set "
                 "--data.input_key to one of them"]
-    problems = [f"{field} row {problem}; give every prompt a non-empty input" for problem in bad]
+    if num_rows == 0 and batch_size == 0:  # a mix's or eval's source: the loader would fail on it a minute later
+        return [f"{field} {dataset!r} has no rows: add prompts or remove it from --{field}"]
+    problems = [f"{field} row {problem}" for problem in bad]
     if label_key is not None and num_rows and label_key not in keys:
         problems.append(f"data.label_key {label_key!r} is not a column of {dataset!r}: its columns are "
                         f"{sorted(keys)}; set --data.label_key to one of them, or leave it unset")

@@ -125,7 +125,12 @@ def _source_rows(name: str, split: str, input_key: str, label_key: str | None, m
         raise ValueError(f"{_where(name, split, empty[0])} has {what} {input_key!r} (data.input_key): its keys are "
                          f"{keys} ({len(empty)} of the {len(inputs)} rows of {name!r} lack one): give every prompt a "
                          "non-empty input")
-    return [str(x) for x in inputs], ["" if y is None else str(y) for y in labels]
+    if not_text := [i for i, x in enumerate(inputs) if not isinstance(x, str)]:  # hub data, unseen by the preflight
+        first = not_text[0]
+        raise ValueError(f"{_where(name, split, first)} has {input_key!r} (data.input_key) of type "
+                         f"{type(inputs[first]).__name__}, not a string ({len(not_text)} of the {len(inputs)} rows of {name!r}): "
+                         "write every prompt as a string")
+    return list(inputs), ["" if y is None else str(y) for y in labels]
 
 
 def load_prompt_rows(dataset: str, input_key: str, label_key: str | None, split: str = "train",

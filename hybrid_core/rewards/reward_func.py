@@ -110,9 +110,28 @@ def score_samples(func: Callable, source: str, queries: list[str], prompts: list
     n = len(queries)
     rewards = _as_floats(out["rewards"], "rewards", n, source, keys)
     scores = _as_floats(out["scores"], "scores", n, source, keys) if "scores" in out else list(rewards)
-    extra = out.get("extra_logs") or {}
+    extra = _checked_extra_logs(out.get("extra_logs") or {}, n, source)
     per_sample = [{k: _item(v, i) for k, v in extra.items()} for i in range(n)]
     return RewardBatch(rewards, scores, per_sample)
+
+
+def _checked_extra_logs(extra, n: int, source: str) -> dict:
+    """extra_logs as {key: values}, each value one per sample (a list, tuple or tensor of n) or one for the batch
+    (a scalar, or a tensor of one); any other length is refused naming the key, since it cannot be split."""
+    if not isinstance(extra, dict):
+        raise RewardFunctionError(f"reward_func in {source} returned extra_logs of type {type(extra).__name__}; "
+                                  "return a dict of {name: one value per sample}")
+    for key, value in extra.items():
+        if _is_array(value):
+            length, allowed = value.reshape(-1).shape[0], (1, n)
+        elif isinstance(value, (list, tuple)):
+            length, allowed = len(value), (n,)
+        else:
+            continue  # one scalar for the batch
+        if length not in allowed:
+            raise RewardFunctionError(f"reward_func in {source} returned extra_logs[{key!r}] with {length} values "
+                                      f"for {n} samples; return one value per sample, or one number for the batch")
+    return extra
 
 
 def _item(value, i: int):

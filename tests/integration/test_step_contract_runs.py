@@ -133,19 +133,26 @@ def test_a_run_directory_held_by_a_live_run_is_refused_naming_it(copied, ray_ses
     assert not (copied / "steps" / "4").exists()
 
 
-def test_a_reward_function_that_fails_the_same_way_again_is_not_retried(tmp_path, tiny_model, ray_session,
+BROKEN_REWARDS = {
+    "nan": ("{'rewards': [float('nan')] * len(queries)}", r"returned a non-finite reward nan for sample #0"),
+    "short-extra-logs": ("{'rewards': [1.0] * len(queries), 'extra_logs': {'acc': [1.0]}}",
+                         r"returned extra_logs\['acc'\] with 1 values for \d+ samples"),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN_REWARDS))
+def test_a_reward_function_that_fails_the_same_way_again_is_not_retried(broken, tmp_path, tiny_model, ray_session,
                                                                         prefect_server):
     from flows.rl_train import rl_train
     from hybrid_core.types import PermanentError
 
+    returned, message = BROKEN_REWARDS[broken]
     reward = tmp_path / "broken_reward.py"
-    reward.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    return {'rewards': [float('nan')] * "
-                      "len(queries)}\n")
+    reward.write_text(f"def reward_func(queries, prompts, labels, **kwargs):\n    return {returned}\n")
     cfg = micro_config(tmp_path, "--reward.remote_url", str(reward), "--train.retry_delay_s", "20")
     started = time.perf_counter()
     with pytest.raises(PermanentError, match=r"rollout rank 0 \(broken\)?.*in reward of step 1 failed: "
-                                             r"RewardFunctionError: reward_func in .*broken_reward\.py returned a "
-                                             r"non-finite reward nan for sample #0"):
+                                             r"RewardFunctionError: reward_func in .*broken_reward\.py " + message):
         rl_train(cfg, run_id="broken")
     assert task_run("reward-step-1").run_count == 1 and time.perf_counter() - started < 120
 

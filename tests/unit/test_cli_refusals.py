@@ -65,13 +65,28 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                                  "eval.dataset does not exist: got '"),
          "an eval row without the input key": (
              ["--eval.dataset", _write(tmp / "eval.jsonl", prompts + '{"q": "x"}\n'), "--eval.at_start"],
-             "eval.jsonl line 21 has no 'input' (data.input_key): its keys are ['q']")}
+             "eval.jsonl line 21 has no 'input' (data.input_key): its keys are ['q']"),
+         "an empty eval dataset": (["--eval.dataset", _write(tmp / "no-rows.jsonl", "\n"), "--eval.steps", "2"],
+                                   "eval.dataset '" + str(tmp / "no-rows.jsonl") + "' has no rows: add prompts or "
+                                   "remove it from --eval.dataset"),
+         "an empty file in a mix": (["--data.prompt_dataset", _write(tmp / "full.jsonl", prompts) + ","
+                                     + _write(tmp / "void.jsonl", ""), "--data.prompt_probs", "0.5,0.5"],
+                                    "data.prompt_dataset '" + str(tmp / "void.jsonl") + "' has no rows: add prompts "
+                                    "or remove it from --data.prompt_dataset"),
+         "a prompt that is a number": (
+             ["--data.prompt_dataset", _write(tmp / "number.jsonl", prompts + '{"input": 12, "label": "a"}\n')],
+             "number.jsonl line 21 has 'input' (data.input_key) of type int, not a string: got '12'; write every prompt as "
+             "a string"),
+         "a prompt that is a list": (
+             ["--data.prompt_dataset", _write(tmp / "list.jsonl", '{"input": ["a", "b"]}\n' + prompts)],
+             "list.jsonl line 1 has 'input' (data.input_key) of type list, not a string: got \"['a', 'b']\"")}
 
 
 CASES = ["an empty dataset", "a dataset smaller than a step", "malformed JSONL", "a row without the input key",
          "a reward file with a syntax error", "a reward file without reward_func", "an empty model directory",
          "a store under /proc", "a store that is a file", "a missing local model", "a good model but no prompts",
-         "a missing eval file", "an eval row without the input key"]
+         "a missing eval file", "an eval row without the input key", "an empty eval dataset", "an empty file in a mix",
+         "a prompt that is a number", "a prompt that is a list"]
 
 
 @pytest.mark.parametrize("case", CASES)

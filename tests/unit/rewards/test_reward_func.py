@@ -115,6 +115,23 @@ def test_extra_logs_per_sample_and_scalar():
     ]
 
 
+@pytest.mark.parametrize("value, length", [(["x", "y"], 2), (torch.tensor([1.0, 2.0]), 2), ((1, 2, 3, 4), 4),
+                                           ([], 0)])
+def test_extra_logs_of_another_length_fail_at_once_naming_the_key(value, length):
+    """A short list once raised IndexError deep in the split, which was retried as transient."""
+    out = {"rewards": [0.0, 1.0, 0.5], "extra_logs": {"ok": [1, 2, 3], "acc": value}}
+    with pytest.raises(RewardFunctionError) as raised:
+        score_samples(_const(out), SOURCE, ["a", "b", "c"], ["", "", ""], ["", "", ""])
+    assert str(raised.value) == (f"reward_func in {SOURCE} returned extra_logs['acc'] with {length} values for 3 "
+                                 "samples; return one value per sample, or one number for the batch")
+
+
+def test_extra_logs_that_are_not_a_dict_fail_naming_their_type():
+    out = {"rewards": [0.0, 1.0], "extra_logs": [{"acc": 1}, {"acc": 0}]}
+    with pytest.raises(RewardFunctionError, match=r"returned extra_logs of type list; return a dict"):
+        score_samples(_const(out), SOURCE, ["a", "b"], ["", ""], ["", ""])
+
+
 @pytest.fixture(scope="module")
 def letters():
     return load_reward_func(str(LETTERS_REWARD))

@@ -16,7 +16,7 @@ from hybrid_core.config import RunConfig
 from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
-from hybrid_core.hub import model_hub_problems
+from hybrid_core.hub import dataset_hub_problems, model_hub_problems
 from hybrid_core.plan import preflight_problems as plan_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
 from hybrid_core.types import PermanentError
@@ -90,10 +90,14 @@ def input_problems(cfg: RunConfig) -> list[str]:
             batch_size = cfg.rollout.batch_size if len(sources) == 1 else 0
             problems += prompt_dataset_problems(source, d.input_key, d.label_key, batch_size, d.max_samples,
                                                 d.prompt_split)
+        elif source:
+            problems += dataset_hub_problems("data.prompt_dataset", source)
     for source in [name.strip() for name in (cfg.eval.dataset or "").split(",")]:  # every row is evaluated
         if source and Path(source).exists():
             problems += prompt_dataset_problems(source, d.input_key, d.label_key, 0, d.max_samples, cfg.eval.split,
                                                 field="eval.dataset")
+        elif source:
+            problems += dataset_hub_problems("eval.dataset", source)
     if url and url.endswith(".py"):
         problems += reward_file_problems(url)
     return problems

@@ -113,6 +113,25 @@ def test_a_hub_model_is_refused_offline_only_when_it_is_not_cached(tmp_path):
     assert rc == 2 and "model_name_or_path" not in out and "store.root is not writable" in out, out
 
 
+def test_a_hub_dataset_is_refused_at_once_offline_or_when_the_hub_does_not_answer(tmp_path):
+    """It once failed 20 s later, in the rollout worker; now the preflight finds it in well under a second."""
+    from tests.unit.rewards.reward_servers import dead_url
+
+    caches = {"HF_HOME": str(tmp_path / "hf")}
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--data.prompt_dataset", "acme/math",
+                                    env=caches | {"HF_HUB_OFFLINE": "1"})
+    assert rc == 2 and seconds < 5, out
+    assert "data.prompt_dataset 'acme/math' is a Hugging Face hub dataset that is not in the local cache, and " \
+           "HF_HUB_OFFLINE=1 forbids downloading it: give a local path" in out
+    dead_hub = {"HF_ENDPOINT": dead_url().removesuffix("/get_reward")}
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--eval.dataset", "acme/eval",
+                                    "--eval.steps", "2", env=caches | dead_hub)
+    assert rc == 2 and seconds < 5, out
+    assert "eval.dataset 'acme/eval' is a Hugging Face hub dataset that is not in the local cache, and the hub " \
+           "cannot be reached (ConnectError: " in out
+    assert not (tmp_path / "runs").exists()
+
+
 def test_prompt_probs_that_do_not_match_the_datasets_are_refused_naming_both(tmp_path):
     a, b = (_write(tmp_path / name, "".join(json.dumps({"input": f"p{i}"}) + "\n" for i in range(20)))
             for name in ("a.jsonl", "b.jsonl"))

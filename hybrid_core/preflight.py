@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from hybrid_core.config import RunConfig
+from hybrid_core.data.eval_tables import eval_metric_keys, metric_key_name
 from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
@@ -103,6 +104,20 @@ def input_problems(cfg: RunConfig) -> list[str]:
     return problems
 
 
+def best_metric_problems(cfg: RunConfig) -> list[str]:
+    """`ckpt.best_metric_key` names a figure the run's evaluations will have (found before the first checkpoint,
+    not at it); '' and 'none' need none, and a key without evaluations is the plan's to refuse."""
+    key = cfg.ckpt.best_metric_key
+    if key in ("", "none") or not cfg.eval.dataset or cfg.eval.steps <= 0:
+        return []
+    sources = [name.strip() for name in cfg.eval.dataset.split(",") if name.strip()]
+    produced = eval_metric_keys(sources, cfg.eval.n_samples_per_prompt)
+    if metric_key_name(key) in produced:
+        return []
+    return [f"ckpt.best_metric_key {key!r} is not a figure the evaluation of eval.dataset {cfg.eval.dataset!r} "
+            f"gives: it gives {produced}; pass one of them, or leave it unset for the first *_pass1"]
+
+
 def run_dir_problems(cfg: RunConfig, run_dir: str, must_exist: bool = False) -> list[str]:
     """The run directory can hold this run: an existing run was started with this configuration (the fields a
     resume may change aside), its manifest reads, and a directory with data but no manifest is never reused."""
@@ -136,7 +151,7 @@ def run_problems(cfg: RunConfig, run_dir: str, num_gpus: int, gpu_total_gib: flo
                  must_exist: bool = False, can_reach_store: bool = True) -> list[str]:
     """Every reason this run cannot start (empty when it can). `can_reach_store` False skips the store's checks (its
     credentials come from a Prefect Secret block that only the flow loads)."""
-    problems = plan_problems(cfg, num_gpus, gpu_total_gib) + input_problems(cfg)
+    problems = plan_problems(cfg, num_gpus, gpu_total_gib) + input_problems(cfg) + best_metric_problems(cfg)
     if not can_reach_store:
         return problems
     store = store_root_problems(cfg.store.root)

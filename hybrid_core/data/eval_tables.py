@@ -65,6 +65,18 @@ def eval_figures(table: pa.Table, k: int) -> dict[str, float]:
     return figures
 
 
+def eval_metric_keys(datasets: list[str], k: int) -> list[str]:
+    """Every key `eval_figures` gives for samples of these `eval.dataset` sources, k samples a prompt."""
+    per_source = ["pass1"] + ([f"pass{k}"] if k > 1 else []) + ["response_length", "truncated"]
+    keys = {f"{EVAL_PREFIX}{source_name(name)}_{figure}" for name in datasets for figure in per_source}
+    return sorted(keys | {f"{EVAL_PREFIX}num_samples"})
+
+
+def metric_key_name(key: str) -> str:
+    """A `ckpt.best_metric_key` as a metrics-row key: OpenRLHF's `eval_<source>_pass1` names `eval/<source>_pass1`."""
+    return EVAL_PREFIX + key.removeprefix("eval_") if key.startswith("eval_") else key
+
+
 def eval_only_row(entries: dict) -> dict[str, float]:
     """The metrics row of step 0 (`eval.at_start`): the evaluation's seconds and figures, nothing trained yet."""
     record = entries.get("eval") or {}

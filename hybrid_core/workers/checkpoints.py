@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from hybrid_core.data.eval_tables import metric_key_name
 from hybrid_core.engines.checkpoint import remove_checkpoints, tag_of
 from hybrid_core.step_contract import CHECKPOINT
 from hybrid_core.types import PermanentError, StageResult
@@ -76,7 +77,7 @@ def best_metric_of(key: str, row: dict[str, float]) -> float | None:
     if key == "":
         pass1 = sorted(k for k in figures if re.fullmatch(r"eval/.+_pass1", k))
         return figures[pass1[0]] if pass1 else None
-    name = "eval/" + key.removeprefix("eval_") if key.startswith("eval_") else key
+    name = metric_key_name(key)
     if name not in figures:
         raise PermanentError(f"ckpt.best_metric_key {key!r} is not a figure of the evaluation: it has "
                              f"{sorted(figures)}; pass one of them (or none)")

@@ -132,6 +132,21 @@ def test_a_hub_dataset_is_refused_at_once_offline_or_when_the_hub_does_not_answe
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_best_metric_key_the_evaluation_will_not_give_is_refused_before_the_run(tmp_path):
+    """It was found only at the first checkpoint, after the steps before it had run."""
+    evalset = _write(tmp_path / "gsm.jsonl", "".join(json.dumps({"input": f"q{i}", "label": "1"}) + "\n"
+                                                      for i in range(4)))
+    flags = ["--store.root", str(tmp_path / "runs"), "--eval.dataset", evalset, "--eval.steps", "2",
+             "--eval.n_samples_per_prompt", "2", "--ckpt.save_steps", "2"]
+    rc, out, seconds = hybrid_train(*flags, "--ckpt.best_metric_key", "eval/math_pass1")
+    assert rc == 2 and seconds < 5, out
+    assert f"ckpt.best_metric_key 'eval/math_pass1' is not a figure the evaluation of eval.dataset '{evalset}' " \
+           "gives: it gives ['eval/gsm_pass1', 'eval/gsm_pass2', 'eval/gsm_response_length', 'eval/gsm_truncated', " \
+           "'eval/num_samples']; pass one of them" in out
+    rc, out, _ = hybrid_train(*flags, "--ckpt.best_metric_key", "eval_gsm_pass2", "--store.root", "/proc/nope")
+    assert rc == 2 and "best_metric_key" not in out and "store.root is not writable" in out, out
+
+
 def test_prompt_probs_that_do_not_match_the_datasets_are_refused_naming_both(tmp_path):
     a, b = (_write(tmp_path / name, "".join(json.dumps({"input": f"p{i}"}) + "\n" for i in range(20)))
             for name in ("a.jsonl", "b.jsonl"))

@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from hybrid_core.config import RunConfig
-from hybrid_core.data.eval_tables import EVAL_SCHEMA, eval_figures, eval_only_row, eval_table, source_name
+from hybrid_core.data.eval_tables import (EVAL_SCHEMA, eval_figures, eval_metric_keys, eval_only_row, eval_table,
+                                         metric_key_name, source_name)
 from hybrid_core.data.stage_tables import reward_table, rollout_table
 
 
@@ -49,6 +50,19 @@ def test_one_sample_a_prompt_reports_pass1_only():
     figures = eval_figures(_samples([("d", 0, [(1.0, 2, "stop")]), ("d", 1, [(0.0, 2, "stop")])]), k=1)
     assert sorted(figures) == ["eval/d_pass1", "eval/d_response_length", "eval/d_truncated", "eval/num_samples"]
     assert figures["eval/d_pass1"] == 0.5
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_keys_known_before_the_run_are_those_the_evaluation_gives(k):
+    """The preflight checks ckpt.best_metric_key against eval_metric_keys: they must be eval_figures' keys."""
+    table = _samples([("math", 0, [(1.0, 2, "stop")] * k), ("gsm", 1, [(0.0, 2, "stop")] * k)])
+    assert eval_metric_keys(["data/math.jsonl", "data/gsm.jsonl"], k) == sorted(eval_figures(table, k))
+    assert len(eval_metric_keys(["data/math.jsonl", "data/gsm.jsonl"], k)) == (7 if k == 1 else 9)
+
+
+def test_openrlhfs_spelling_of_a_metric_key_names_the_row_key():
+    assert metric_key_name("eval_math_pass1") == "eval/math_pass1"
+    assert metric_key_name("eval/math_pass1") == "eval/math_pass1"
 
 
 @pytest.mark.parametrize("dataset, name", [("data/math_prompts.jsonl", "math_prompts"), ("/x/aime 2024.parquet",

@@ -311,6 +311,9 @@ def store_root_problems(root: str, storage_options: dict | None = None) -> list[
     """Why runs cannot be written under `store.root` (empty when they can): a probe file is written and removed."""
     options = dict(storage_options or {})
     is_s3 = root.startswith(("s3://", "s3a://"))
+    if "://" in root and not root.split("://", 1)[1].strip("/"):  # s3:// once read as a local folder named s3:
+        scheme = root.split("://", 1)[0]
+        return [f"store.root names no bucket: got {root!r}; give {scheme}://BUCKET/PREFIX, or a local directory"]
     if is_s3:  # fail in seconds, not after botocore's minute of retries
         options.setdefault("config_kwargs", {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2}})
         options.setdefault("skip_instance_cache", True)

@@ -55,6 +55,8 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "an empty model directory": (["--actor.model_name_or_path", str((tmp / "model").mkdir() or tmp / "model")],
                                      "model' holds no config.json and no weights"),
         "a store under /proc": (["--store.root", "/proc/nope"], "store.root is not writable: got '/proc/nope'"),
+        "an s3 store without a bucket": (["--store.root", "s3://"], "store.root names no bucket: got 's3://'; give "
+                                         "s3://BUCKET/PREFIX, or a local directory"),
         "a store that is a file": (["--store.root", _write(tmp / "a-file", "x") + "/runs"],
                                    "a-file is a file"),
         "a missing local model": (["--actor.model_name_or_path", str(tmp / "models" / "none")],
@@ -84,7 +86,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 
 CASES = ["an empty dataset", "a dataset smaller than a step", "malformed JSONL", "a row without the input key",
          "a reward file with a syntax error", "a reward file without reward_func", "an empty model directory",
-         "a store under /proc", "a store that is a file", "a missing local model", "a good model but no prompts",
+         "a store under /proc", "an s3 store without a bucket", "a store that is a file", "a missing local model", "a good model but no prompts",
          "a missing eval file", "an eval row without the input key", "an empty eval dataset", "an empty file in a mix",
          "a prompt that is a number", "a prompt that is a list"]
 

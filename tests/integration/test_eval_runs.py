@@ -64,6 +64,16 @@ def test_every_evaluation_is_committed_with_figures_that_match_its_rows(eval_run
     assert "reward/mean" not in read_metrics(result.run_dir, 0)  # step 0 trained nothing
 
 
+def test_the_figures_the_preflight_expects_are_those_the_run_gave(eval_run):
+    """`ckpt.best_metric_key` is checked before the run against eval_metric_keys: here, against a real run's rows."""
+    from hybrid_core.data.eval_tables import eval_metric_keys
+
+    cfg, result, _ = eval_run
+    expected = eval_metric_keys(cfg.eval.dataset.split(","), cfg.eval.n_samples_per_prompt)
+    for step in STEPS:
+        assert sorted(key for key in read_metrics(result.run_dir, step) if key.startswith("eval/")) == expected
+
+
 def test_eval_figures_reach_tensorboard_under_eval_and_the_prefect_eval_table(eval_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

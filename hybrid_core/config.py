@@ -14,6 +14,8 @@ from pydantic.fields import FieldInfo
 
 from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, MuonConfig,  # noqa: F401 (re-exported)
                                        OptimizerFields)
+from hybrid_core.config_outputs import (LoggerConfig, StoreConfig, WandbConfig,  # noqa: F401 (re-exported)
+                                        WANDB_KEY_SCHEMA)
 
 
 class ActorConfig(OptimizerFields):
@@ -57,8 +59,8 @@ class RefConfig(ConfigBlock):
 class RewardConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
-         "timeout_s", "max_retries", "remote_batch_size", "model_name_or_path", "num_nodes", "num_gpus_per_node",
-         "offload", "normalize_enable"})
+         "timeout_s", "max_retries", "retry_budget_s", "probe_timeout_s", "remote_batch_size", "model_name_or_path",
+         "num_nodes", "num_gpus_per_node", "offload", "normalize_enable"})
     model_name_or_path: str | None = Field(None, description="reward model (a local dir: backbone + value head)")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
@@ -71,6 +73,8 @@ class RewardConfig(ConfigBlock):
     stop_properly_penalty_coef: float | None = Field(None, description="ProRL truncation penalty")
     timeout_s: float = Field(180.0, gt=0, description="PROJECT: timeout of one remote reward call")
     max_retries: int = Field(5, ge=0, description="PROJECT: retries of one remote reward call")
+    retry_budget_s: float = Field(30.0, ge=0, description="PROJECT: seconds a failing remote reward call is retried")
+    probe_timeout_s: float = Field(10.0, ge=0, description="PROJECT: start-up probe of each reward URL (0: none)")
     remote_batch_size: int = Field(32, gt=0, description="PROJECT: samples per POST to a remote reward server")
 
 
@@ -275,31 +279,6 @@ class CkptConfig(ConfigBlock):
     max_mem: float = Field(1e8, gt=0, description="checkpoint disk budget in GB")
     load_enable: bool = Field(False, description="resume from ckpt.path")
     best_metric_key: str = Field("", description="eval metric of the best checkpoint ('': first eval/*_pass1; 'none')")
-
-
-class WandbConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"key", "secret_block", "org", "group", "project", "run_name"})
-    key: str | None = Field(None, description="`offline` keeps W&B local; an API key is accepted only on the hybrid "
-                            "train command line, which moves it into WANDB_API_KEY (a key here would be stored)")
-    secret_block: str | None = Field(None, description="PROJECT: Prefect Secret block holding the W&B API key")
-    org: str | None = Field(None, description="W&B entity")
-    group: str | None = Field(None, description="W&B group")
-    project: str = Field("openrlhf_train_ppo", description="W&B project")
-    run_name: str | None = Field(None, description="W&B run name")
-
-
-class LoggerConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"logging_steps", "tensorboard_dir"})
-    logging_steps: int = Field(1, gt=0, description="log every N steps")
-    tensorboard_dir: str | None = Field(None, description="TensorBoard directory")
-    wandb: WandbConfig = Field(default_factory=WandbConfig, description="W&B settings")
-
-
-class StoreConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"root", "credentials_block"})
-    root: str = Field("runs", description="PROJECT: run store, a local dir or s3://bucket/prefix")
-    credentials_block: str | None = Field(None, description="PROJECT: Prefect Secret block with the object store's "
-                                          "credentials (JSON: aws_access_key_id, aws_secret_access_key, …)")
 
 
 class RunConfig(ConfigBlock):

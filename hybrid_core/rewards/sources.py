@@ -32,6 +32,7 @@ class RewardSourceSpec:
     remote_url: str | None
     timeout_s: float
     max_retries: int
+    retry_budget_s: float
     remote_batch_size: int = DEFAULT_BATCH_SIZE
 
 
@@ -89,7 +90,7 @@ def open_reward_source(spec: RewardSourceSpec) -> RewardSource | None:
     if url is None:
         return None
     if url.startswith(("http://", "https://")):
-        return RemoteRewardSource(url, RemoteRewardClient(urls=url, timeout_s=spec.timeout_s,
-                                                          max_retries=spec.max_retries,
-                                                          batch_size=spec.remote_batch_size))
+        client = RemoteRewardClient(urls=url, timeout_s=spec.timeout_s, max_retries=spec.max_retries,
+                                    retry_budget_s=spec.retry_budget_s, batch_size=spec.remote_batch_size)
+        return RemoteRewardSource(url, client)
     return FunctionRewardSource(url, load_reward_func(url))

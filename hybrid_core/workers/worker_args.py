@@ -135,7 +135,7 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                   temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt,
                                   logprobs=cfg.asks_engine_logprobs),
         reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries,
-                                remote_batch_size=rw.remote_batch_size),
+                                retry_budget_s=rw.retry_budget_s, remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
         num_engines=num_engines(cfg), reward_model_ranks=role_ranks(cfg).get("reward", 0),

@@ -52,9 +52,10 @@ class AppInThread:
 
 class ScriptedServer:
     """http.server on loopback; `respond(payload, n)` (n: the request's number, from 1) returns (status, body bytes),
-    or None to drop the connection without an answer (a server that died). Counts the requests."""
+    or None to drop the connection without an answer (a server that died). Counts the requests. `port` 0: a free
+    port."""
 
-    def __init__(self, respond: Callable[[dict, int], tuple[int, bytes] | None]):
+    def __init__(self, respond: Callable[[dict, int], tuple[int, bytes] | None], port: int = 0):
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         server = self
@@ -79,7 +80,7 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/get_reward"
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 

@@ -211,7 +211,8 @@ class TrainConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"batch_size", "micro_batch_size", "max_epochs", "num_episodes", "seed", "dynamic_batch_enable",
         "max_tokens_per_gpu", "colocate_all", "colocate_actor_ref", "colocate_critic_reward", "max_steps", "device",
-        "stage_timeout_s", "stage_retries", "retry_delay_s"})
+        "stage_timeout_s", "stage_retries", "retry_delay_s", "agent_func_path", "agent_step_timeout_s",
+        "agent_skip_failed"})
     batch_size: int = Field(128, gt=0, description="samples per optimizer step")
     micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
     max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
@@ -229,7 +230,9 @@ class TrainConfig(ConfigBlock):
     partial_rollout_enable: bool = Field(False, description="partial rollouts (async)")
     enable_ema: bool = Field(False, description="EMA of the actor")
     ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay")
-    agent_func_path: str | None = Field(None, description="multi-turn agent .py file")
+    agent_func_path: str | None = Field(None, description="multi-turn agent .py file (class AgentExecutor)")
+    agent_step_timeout_s: float = Field(60.0, gt=0, description="PROJECT: seconds an agent's reset or step may take")
+    agent_skip_failed: bool = Field(False, description="PROJECT: drop a sample whose environment failed (agent/failed)")
     max_steps: int | None = Field(None, gt=0, description="PROJECT: cap on steps")
     device: Literal["cuda", "cpu"] = Field("cuda", description="PROJECT: cpu asks Ray for CPU bundles only")
     stage_timeout_s: float = Field(3600.0, gt=0, description="PROJECT: timeout of one stage")

@@ -9,6 +9,7 @@ It knows nothing of Ray, the store or generation.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -81,6 +82,25 @@ class RewardModelSource:
                                "reward.model_name_or_path and ds.param_dtype (fp32 if bf16 overflows)")
         extra = [{"reward_model_raw": float(raw)} if self.is_normalized else {} for _, raw in pairs]
         return RewardBatch(rewards=rewards, scores=list(rewards), extra_logs=extra)
+
+
+class EpisodeRewardSource:
+    """An agent's episodes, bound to one step's rollout: each sample's reward is the sum of its turns' rewards and
+    its score the last turn's, as the rollout committed them; its extra logs are the last turn's and the turn
+    count. Nothing is called again: a resumed run scores committed episodes without their environments."""
+
+    name = "agent episodes"
+
+    def __init__(self, rewards: list[float], scores: list[float], turns: list[str]):
+        self.rewards, self.scores, self.turns = rewards, scores, turns
+
+    def score(self, queries: list[str], prompts: list[str], labels: list[str], keys: list) -> RewardBatch:
+        assert len(keys) == len(self.rewards), (len(keys), len(self.rewards))
+        extra = []
+        for turns_json in self.turns:
+            turns = json.loads(turns_json)
+            extra.append({**(turns[-1]["extra_logs"] if turns else {}), "num_turns": float(len(turns))})
+        return RewardBatch(rewards=list(self.rewards), scores=list(self.scores), extra_logs=extra)
 
 
 def open_reward_source(spec: RewardSourceSpec) -> RewardSource | None:

@@ -19,7 +19,8 @@ from hybrid_core.config import ActorConfig, DsConfig, KlConfig, TrainConfig
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.eval_tables import eval_only_row
-from hybrid_core.data.stage_tables import METRIC_COLUMNS, experience_figures, metrics_table, row_from_records
+from hybrid_core.data.stage_tables import (METRIC_COLUMNS, action_masks, experience_figures, metrics_table,
+                                         row_from_records)
 from hybrid_core.engine_layout import EngineLayout
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -221,7 +222,7 @@ class ActorWorker:
                             None if old_from_update else column(adv, "old_logprobs"),
                             column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
                             column(adv, "advantages"),
-                            None if engine_logprobs.null_count else engine_logprobs.to_pylist())
+                            None if engine_logprobs.null_count else engine_logprobs.to_pylist(), action_masks(ro))
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train

@@ -74,7 +74,7 @@ class Episode:
         return f"agent-{self.prompt.index}-{self.sample_index}-{len(self.turns)}"
 
     def where(self) -> str:
-        return f"prompt {self.prompt.index} (sample {self.sample_index}), turn {len(self.turns)}"
+        return f"prompt {self.prompt.index} (sample {self.sample_index}), turn {len(self.turns) + 1}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -116,3 +116,48 @@ def test_a_hung_environment_fails_at_the_step_timeout(episode_engine):
     assert time.perf_counter() - start < 10
     rows, _, left = ray.get(episode_engine.episodes.remote(PROMPTS[:1]))  # the engine holds no aborted turn
     assert len(rows) == N and not left
+
+
+def agent_config(tmp_path: Path, agent: Path, *flags: str):
+    """The micro configuration of the integration runs with the agent instead of the demo's reward function."""
+    import yaml
+
+    from tests.integration.conftest import MICRO_FLAGS, micro_config
+
+    demo = yaml.safe_load(Path(MICRO_FLAGS[1]).read_text())
+    demo["reward"].pop("remote_url")
+    demo["train"]["agent_func_path"] = str(agent)
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(demo))
+    return micro_config(tmp_path, "--config", str(config), "--data.max_len", "96", *flags)
+
+
+def test_a_resumed_agent_run_calls_no_environment_for_committed_episodes(tmp_path, tiny_model, ray_session,
+                                                                          prefect_server, monkeypatch):
+    """Both steps' episodes are committed before step 2's advantage stage fails; the resumed run replays them:
+    every environment was reset once, whichever run asked."""
+    from flows.rl_train import rl_train
+
+    calls = tmp_path / "calls.jsonl"
+    agent = tmp_path / "counted_agent.py"
+    agent.write_text(f"import os\nos.environ['AGENT_CALLS'] = {str(calls)!r}\n" + Path(AGENT).read_text())
+    cfg = agent_config(tmp_path, agent, "--train.max_steps", "2", "--train.stage_retries", "0")
+    monkeypatch.setenv("HYBRID_FAULTS", "raise:2:advantage:start")
+    with pytest.raises(Exception, match="InjectedFault|injected"):
+        rl_train(cfg, run_id="agent-resume")
+    resets = lambda: [c for c in map(json.loads, calls.read_text().splitlines()) if c["call"] == "reset"]  # noqa: E731
+    assert len(resets()) == 2 * 2 * 2  # steps × rollout.batch_size × n_samples_per_prompt
+    before = calls.read_text()
+    monkeypatch.delenv("HYBRID_FAULTS")
+    result = rl_train(cfg, run_id="agent-resume", resume=True)
+    assert result.num_steps == 2 and calls.read_text() == before
+    rollout = pds_table(result.run_dir, 2, "rollout")
+    assert "action_mask" in rollout.column_names and rollout.num_rows == 4
+    metrics = pds_table(result.run_dir, 2, "metrics").to_pylist()[0]
+    assert metrics["agent/failed"] == 0 and metrics["agent/turns_mean"] >= 1
+
+
+def pds_table(run_dir: str, step: int, stage: str):
+    from tests.integration.conftest import read_stage
+
+    return read_stage(run_dir, step, stage)

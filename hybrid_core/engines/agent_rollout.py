@@ -146,13 +146,15 @@ def _append_action(episode: Episode, completion: Completion) -> dict:
     elif episode.logprobs is not None:
         episode.logprobs += completion.logprobs
     episode.text += completion.text
-    return {"action": [start, len(episode.response_ids)], "finish_reason": completion.finish_reason}
+    return {"action": [start, len(episode.response_ids)], "action_text": completion.text,
+            "finish_reason": completion.finish_reason}
 
 
 def _append_feedback(run: EpisodeRun, episode: Episode, turn: dict, answer: AgentStep) -> None:
     """The feedback's tokens (tokenised once, here) after the action, cut at max_len (counted) and masked out."""
     ids = run.tokenizer(answer.feedback, add_special_tokens=False)["input_ids"] if answer.feedback else []
     room = max(0, run.settings.max_len - episode.length)
+    turn["feedback_truncated"] = len(ids) > room
     if len(ids) > room:
         episode.feedback_truncated += 1
         ids = ids[:room]
@@ -162,7 +164,8 @@ def _append_feedback(run: EpisodeRun, episode: Episode, turn: dict, answer: Agen
     if episode.logprobs is not None:
         episode.logprobs += [0.0] * len(ids)
     episode.text += answer.feedback
-    turn |= {"feedback": [start, len(episode.response_ids)], "reward": answer.reward, "score": answer.score,
+    turn |= {"feedback": [start, len(episode.response_ids)], "feedback_text": answer.feedback,
+             "reward": answer.reward, "score": answer.score,
              "extra_logs": answer.extra_logs, "done": answer.done}
     episode.turns.append(turn)
     if answer.sampling_params:

@@ -135,22 +135,28 @@ def agent_config(tmp_path: Path, agent: Path, *flags: str):
 def test_a_resumed_agent_run_calls_no_environment_for_committed_episodes(tmp_path, tiny_model, ray_session,
                                                                           prefect_server, monkeypatch):
     """Both steps' episodes are committed before step 2's advantage stage fails; the resumed run replays them:
-    every environment was reset once, whichever run asked."""
+    every environment was reset once, whichever run asked. The evaluation after step 2 (resumed run) runs its
+    episodes: eval prompts are labelled "eval"."""
     from flows.rl_train import rl_train
 
-    calls = tmp_path / "calls.jsonl"
+    calls, evals = tmp_path / "calls.jsonl", tmp_path / "eval.jsonl"
+    evals.write_text("".join(json.dumps({"input": text, "label": "eval"}) + "\n" for text in ("ab", "cd", "ef")))
     agent = tmp_path / "counted_agent.py"
     agent.write_text(f"import os\nos.environ['AGENT_CALLS'] = {str(calls)!r}\n" + Path(AGENT).read_text())
-    cfg = agent_config(tmp_path, agent, "--train.max_steps", "2", "--train.stage_retries", "0")
+    cfg = agent_config(tmp_path, agent, "--train.max_steps", "2", "--train.stage_retries", "0", "--eval.dataset",
+                       str(evals), "--eval.steps", "2", "--eval.n_samples_per_prompt", "2")
     monkeypatch.setenv("HYBRID_FAULTS", "raise:2:advantage:start")
     with pytest.raises(Exception, match="InjectedFault|injected"):
         rl_train(cfg, run_id="agent-resume")
-    resets = lambda: [c for c in map(json.loads, calls.read_text().splitlines()) if c["call"] == "reset"]  # noqa: E731
-    assert len(resets()) == 2 * 2 * 2  # steps × rollout.batch_size × n_samples_per_prompt
-    before = calls.read_text()
+    resets = lambda label: [c for c in map(json.loads, calls.read_text().splitlines())  # noqa: E731
+                            if c["call"] == "reset" and (c["label"] == "eval") == (label == "eval")]
+    assert len(resets("train")) == 2 * 2 * 2 and resets("eval") == []  # steps × batch_size × n_samples_per_prompt
+    before = resets("train")
     monkeypatch.delenv("HYBRID_FAULTS")
     result = rl_train(cfg, run_id="agent-resume", resume=True)
-    assert result.num_steps == 2 and calls.read_text() == before
+    assert result.num_steps == 2 and resets("train") == before and len(resets("eval")) == 3 * 2
+    evaluated = pds_table(result.run_dir, 2, "eval")
+    assert evaluated.num_rows == 6 and set(evaluated.column("label").to_pylist()) == {"eval"}
     rollout = pds_table(result.run_dir, 2, "rollout")
     assert "action_mask" in rollout.column_names and rollout.num_rows == 4
     metrics = pds_table(result.run_dir, 2, "metrics").to_pylist()[0]

@@ -17,7 +17,21 @@ GROUP_ESTIMATORS = ("rloo", "reinforce_baseline", "group_norm", "dr_grpo")
 def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
-            *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg)]
+            *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg),
+            *_agent_problems(cfg)]
+
+
+def _agent_problems(cfg: RunConfig) -> list[str]:
+    """An agent's step rewards are the episode's reward: OpenRLHF 0.11 builds the agent executor and silently drops
+    a remote reward or reward model given beside it, so both would do nothing here too."""
+    agent = cfg.train.agent_func_path
+    if agent is None:
+        return []
+    unused = [("reward.remote_url", cfg.reward.remote_url), ("reward.model_name_or_path",
+                                                             cfg.reward.model_name_or_path)]
+    return [f"{field} {value!r} is never used with train.agent_func_path {agent!r}: the agent's step rewards are "
+            f"the episode's reward, and nothing combines the two; drop --{field}, or drop --train.agent_func_path "
+            "to score single-turn responses" for field, value in unused if value is not None]
 
 
 def _executor_problems(cfg: RunConfig) -> list[str]:

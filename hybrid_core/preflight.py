@@ -1,7 +1,7 @@
 """Everything a run must pass before anything starts, as one list of problems: the plan's (unimplemented flags,
-placement, hardware, memory) and the inputs' (the prompt datasets, the reward file or servers, the model directories
-or hub ids, the store root, and the run directory: another configuration under an existing run id, a damaged
-manifest, data without one).
+placement, hardware, memory) and the inputs' (the prompt datasets, the reward file or servers, the agent file, the
+model directories or hub ids, the store root, and the run directory: another configuration under an existing run
+id, a damaged manifest, data without one).
 
 `hybrid train` runs it before Ray or Prefect start, and the `rl-train` flow runs it again as its first task, so
 every entry point (CLI, deployment, `rl_train()`, a flow-run retry, `ray job submit`) refuses the same problems with
@@ -20,6 +20,7 @@ from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore
 from hybrid_core.data.run_lease import LEASE
 from hybrid_core.hub import dataset_hub_problems, model_hub_problems
 from hybrid_core.plan import preflight_problems as plan_problems
+from hybrid_core.rewards.agents import agent_file_problems
 from hybrid_core.rewards.remote_http import probe_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
 from hybrid_core.types import PermanentError
@@ -81,7 +82,7 @@ def value_head_problems(path: str | None, value_head_prefix: str) -> list[str]:
 
 
 def input_problems(cfg: RunConfig) -> list[str]:
-    """The inputs can feed the run: dataset rows, the reward file or servers, the model directory."""
+    """The inputs can feed the run: dataset rows, the reward file or servers, the agent file, the model directory."""
     d, url = cfg.data, cfg.reward.remote_url
     problems = model_problems(cfg.actor.model_name_or_path)
     problems += model_problems(cfg.critic.model_name_or_path, "critic.model_name_or_path")
@@ -105,6 +106,8 @@ def input_problems(cfg: RunConfig) -> list[str]:
         problems += reward_file_problems(url)
     elif url and url.startswith(("http://", "https://")) and cfg.reward.probe_timeout_s > 0:
         problems += probe_problems(url, cfg.reward.timeout_s, cfg.reward.probe_timeout_s)
+    if cfg.train.agent_func_path is not None:
+        problems += agent_file_problems(cfg.train.agent_func_path)
     return problems
 
 

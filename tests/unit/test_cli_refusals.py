@@ -17,10 +17,10 @@ from tests.unit.moto_fixtures import moto_url, s3_options  # noqa: F401  (pytest
 DEMO = str(REPO_ROOT / "data" / "demo.yaml")
 
 
-def hybrid_train(*args: str, env: dict | None = None) -> tuple[int, str, float]:
+def hybrid_train(*args: str, env: dict | None = None, config: str = DEMO) -> tuple[int, str, float]:
     started = time.perf_counter()
     base = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", DEMO, *args], cwd=REPO_ROOT,
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--config", config, *args], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60, env=base | (env or {}))
     return proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - started
 
@@ -219,3 +219,81 @@ def test_a_reward_server_that_does_not_answer_is_refused_at_start_up(tmp_path):
         rc, out, _ = hybrid_train("--store.root", "/proc/nope", "--reward.remote_url", good.url)
     assert rc == 2 and "reward.remote_url" not in out and "store.root is not writable" in out, out
     assert len(good.requests) == 1
+
+
+AGENT = """from hybrid_core.rewards.agents import AgentExecutorBase, AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    async def reset(self, states):
+        return {"observation": states["observation"]}
+
+    async def step(self, states):
+        return {"rewards": 1.0, "scores": 1.0, "environment_feedback": "", "done": True, "extra_logs": {}}
+
+
+class AgentExecutor(AgentExecutorBase):
+    def __init__(self):
+        super().__init__(AgentInstance)
+"""
+PREFLIGHT = "hybrid train cannot start:\n  - "  # a file's problems: the preflight's refusal
+RULES = "invalid configuration:\n  - "  # two flags that do not go together: the config rules' refusal
+AGENT_CASES = ["a missing agent file", "an agent file with a syntax error", "an agent file without AgentExecutor",
+               "an agent file with its own execute()", "a reward file beside an agent",
+               "a reward server beside an agent", "a reward model beside an agent"]
+
+
+def _agent_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name → (the agent file and other flags, the start of the expected refusal)."""
+    missing = str(tmp / "none.py")
+    syntax = _write(tmp / "syntax.py", AGENT.replace("def reset(self, states):", "def reset(self, states:"))
+    other = _write(tmp / "other.py", AGENT.replace("class AgentExecutor(", "class Executor("))
+    method = "\n    async def execute(self, prompt, label, params):\n        return {}\n"
+    execute = _write(tmp / "execute.py", AGENT + method)
+    good = _write(tmp / "good.py", AGENT)
+    server = "http://127.0.0.1:9/get_reward"
+    field = f"{PREFLIGHT}train.agent_func_path"
+    return {
+        "a missing agent file": ([missing], f"{field} {missing!r} is not a file; give a .py file"),
+        "an agent file with a syntax error": ([syntax], f"{field} {syntax!r} has a syntax error at line 5: "),
+        "an agent file without AgentExecutor": ([other], f"{field} {other!r} defines no class AgentExecutor"),
+        "an agent file with its own execute()": ([execute], f"{field} {execute!r}: a custom "
+                                                            "AgentExecutor.execute() is not supported"),
+        "a reward file beside an agent": ([good, "--reward.remote_url", "data/letters_reward.py"],
+                                          f"{RULES}reward.remote_url 'data/letters_reward.py' is never used with "
+                                          f"train.agent_func_path {good!r}: the agent's step rewards are the "
+                                          "episode's reward"),
+        "a reward server beside an agent": ([good, "--reward.remote_url", server],
+                                            f"{RULES}reward.remote_url {server!r} is never used with "
+                                            "train.agent_func_path"),
+        "a reward model beside an agent": ([good, "--reward.model_name_or_path", "data/tiny-qwen3-rm"],
+                                           f"{RULES}reward.model_name_or_path 'data/tiny-qwen3-rm' is never used "
+                                           "with train.agent_func_path")}
+
+
+def _agent_config(tmp: Path) -> str:
+    """The demo without its reward file: an agent's step rewards replace it."""
+    text = Path(DEMO).read_text().replace("reward:\n  remote_url: data/letters_reward.py\n", "")
+    assert "remote_url" not in text
+    return _write(tmp / "agent.yaml", text)
+
+
+@pytest.mark.parametrize("case", AGENT_CASES)
+def test_a_bad_agent_file_or_a_reward_beside_it_is_refused_at_once(case, tmp_path):
+    cases = _agent_cases(tmp_path)
+    assert sorted(cases) == sorted(AGENT_CASES)
+    (path, *flags), expected = cases[case]
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--train.agent_func_path", path, *flags,
+                                    config=_agent_config(tmp_path))
+    assert rc == 2, out
+    assert out.startswith(expected), out
+    assert "Traceback" not in out and seconds < 5, (seconds, out)
+    assert not (tmp_path / "runs").exists()  # nothing was created: no run directory, no Prefect, no Ray
+
+
+def test_a_good_agent_file_passes_the_preflight(tmp_path):
+    good = _write(tmp_path / "good.py", AGENT)
+    rc, out, _ = hybrid_train("--store.root", "/proc/nope", "--train.agent_func_path", good,
+                              config=_agent_config(tmp_path))
+    assert rc == 2 and out.startswith(f"{PREFLIGHT}store.root is not writable: got '/proc/nope'"), out
+    assert out.count("\n  - ") == 1, out

@@ -84,9 +84,8 @@ def test_an_agent_executor_nested_in_a_function_is_not_found(tmp_path):
 
 @pytest.mark.parametrize("keyword", ["def", "async def"])
 def test_a_custom_execute_is_refused(tmp_path, keyword):
-    body = GOOD_AGENT + f"\n    {keyword} execute(self, prompt, label, sampling_params, max_length, tokenizer, llm):\n" \
-                        "        return {}\n"
-    path = _write(tmp_path, body)
+    method = f"\n    {keyword} execute(self, prompt, label, sampling_params, max_length, tokenizer, llm):\n"
+    path = _write(tmp_path, GOOD_AGENT + method + "        return {}\n")
     assert agent_file_problems(path) == [f"train.agent_func_path {path!r}: a custom AgentExecutor.execute() is not "
                                          "supported (the rollout engine runs the episodes token in, token out); "
                                          "implement AgentInstance.reset and step instead"]

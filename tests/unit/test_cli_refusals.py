@@ -297,3 +297,11 @@ def test_a_good_agent_file_passes_the_preflight(tmp_path):
                               config=_agent_config(tmp_path))
     assert rc == 2 and out.startswith(f"{PREFLIGHT}store.root is not writable: got '/proc/nope'"), out
     assert out.count("\n  - ") == 1, out
+
+
+@pytest.mark.parametrize("demo", ["guess", "calc"])
+def test_the_agent_demos_pass_the_preflight(demo):
+    config = str(REPO_ROOT / "data" / "agents" / f"{demo}.yaml")
+    rc, out, _ = hybrid_train("--store.root", "/proc/nope", config=config)
+    assert rc == 2 and out.startswith(f"{PREFLIGHT}store.root is not writable: got '/proc/nope'"), out
+    assert out.count("\n  - ") == 1, out

@@ -1,7 +1,7 @@
 """Demo agent: a calculator tool. The prompt asks for a sum or product of small numbers; the label is its value.
 An action holding `<calc>EXPR</calc>` gets the value of EXPR back as feedback (numbers and + - * / only, evaluated
 with `ast`, never `eval`); an action without a tag is the final answer: its last number, graded by the project's math verifier
-(`hybrid_core.rewards.math.grade` of "The answer is N" against the label). At most 3 turns of at most 6 tokens each.
+(`hybrid_core.rewards.math.grade` of "The answer is N" against the label). At most 3 turns of at most 16 tokens each.
 
 Rewards (a 0-1 scale on the last turn, 0 before it, so that a tiny random character-level model can climb): 0.6 for
 a right final answer, plus 0.4 times the share of the actions' characters that a calculation is written with
@@ -15,8 +15,9 @@ from hybrid_core.rewards.agents import AgentExecutorBase, AgentInstanceBase
 from hybrid_core.rewards.math import grade
 
 MAX_TURNS = 3
-TURN_TOKENS = 6
+TURN_TOKENS = 16  # the shortest call, <calc>1</calc>, is 14 characters
 CALC = re.compile(r"<calc>(.*?)</calc>", re.DOTALL)
+MAX_EXPRESSION = 64  # characters: longer expressions get " error"
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 CALC_CHARS = set("0123456789+-*/<>calc")
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -24,11 +25,12 @@ OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mu
 
 def evaluate(expression: str) -> float | None:
     """The value of an arithmetic expression of numbers and + - * /, or None for anything else."""
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
+    if len(expression) > MAX_EXPRESSION:
         return None
-    return _value(tree.body)
+    try:
+        return _value(ast.parse(expression.strip(), mode="eval").body)
+    except (SyntaxError, RecursionError):
+        return None
 
 
 def _value(node: ast.AST) -> float | None:

@@ -31,9 +31,10 @@ class AgentFileError(PermanentError, ValueError):
 class AgentInstanceBase(ABC):
     """One sample's environment: `reset` sees the prompt, `step` each generated turn."""
 
-    @abstractmethod
     async def reset(self, states: dict) -> dict:
-        """`states`: {"observation": the prompt text, "label": its label} → {"observation": the text to start from}."""
+        """`states`: {"observation": the prompt text, "label": its label} → {"observation": the text to start from}
+        (OpenRLHF's default: the prompt as it is)."""
+        return {"observation": states["observation"]}
 
     @abstractmethod
     async def step(self, states: dict) -> dict:
@@ -53,6 +54,9 @@ class AgentExecutorBase:
 
     def new_instance(self) -> AgentInstanceBase:
         return self.agent_instance_cls()
+
+
+MultiTurnAgentExecutor = AgentExecutorBase  # OpenRLHF 0.11's name of the class a file's AgentExecutor subclasses
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,28 @@ def load_agent_executor(path: str) -> AgentExecutorBase:
         raise AgentFileError(f"{FIELD} {path!r}: AgentExecutor is not a subclass of AgentExecutorBase; write "
                              "class AgentExecutor(AgentExecutorBase) with "
                              "`from hybrid_core.rewards.agents import AgentExecutorBase`")
-    return executor_cls()
+    if hasattr(executor_cls, "execute"):
+        raise AgentFileError(f"{FIELD} {path!r}: {EXECUTE_REFUSED}")
+    executor = executor_cls()
+    executor.new_instance()  # an abstract or failing environment class is found here, before the first rollout
+    return executor
 
 
-def _executor_class(tree: ast.Module) -> ast.ClassDef | None:
-    return next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "AgentExecutor"),
-                None)
+EXECUTE_REFUSED = ("a custom AgentExecutor.execute() is not supported (the rollout engine runs the episodes token "
+                   "in, token out); implement AgentInstance.reset and step instead")
+
+
+def _executor_class(tree: ast.Module) -> ast.ClassDef | bool:
+    """The file's `class AgentExecutor`, True when it binds the name otherwise (an assignment or an import), False
+    when it does not."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "AgentExecutor":
+            return node
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "AgentExecutor" for t in node.targets):
+            return True
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "AgentExecutor" for a in node.names):
+            return True
+    return False
 
 
 def agent_file_problems(path: str) -> list[str]:
@@ -131,17 +151,16 @@ def agent_file_problems(path: str) -> list[str]:
         tree = ast.parse(file.read_text(), filename=str(file))
     except SyntaxError as err:
         return [f"{FIELD} {path!r} has a syntax error at line {err.lineno}: {err.msg}; fix the file"]
-    except (UnicodeDecodeError, ValueError) as err:
-        return [f"{FIELD} {path!r} is not a Python source file: {err}"]
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as err:
+        return [f"{FIELD} {path!r} is not a Python source file: {type(err).__name__} {err}"]
     executor = _executor_class(tree)
     problems = []
-    if executor is None:
+    if executor is False:
         problems.append(f"{FIELD} {path!r} defines no class AgentExecutor; add class AgentExecutor("
                         "AgentExecutorBase) whose __init__ calls super().__init__(AgentInstance)")
-    elif any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "execute"
-             for node in executor.body):
-        problems.append(f"{FIELD} {path!r}: a custom AgentExecutor.execute() is not supported (the rollout engine "
-                        "runs the episodes token in, token out); implement AgentInstance.reset and step instead")
+    elif executor is not True and any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                      and node.name == "execute" for node in executor.body):
+        problems.append(f"{FIELD} {path!r}: {EXECUTE_REFUSED}")
     if missing := missing_modules(tree):
         problems.append(f"{FIELD} {path!r} imports {', '.join(missing)}, which is not installed here; install it "
                         "in the run's environment")

@@ -216,3 +216,52 @@ def test_a_bad_score_or_extra_log_is_named():
         checked_step(_answer(scores="high"))
     with pytest.raises(AgentFileError, match=r"returned extra_logs\['acc'\] nan: return a finite number"):
         checked_step(_answer(extra_logs={"acc": math.nan}))
+
+
+def test_an_openrlhf_file_needs_only_its_import_line_changed(tmp_path):
+    """OpenRLHF 0.11's names: `class AgentExecutor(MultiTurnAgentExecutor)`, and an environment without `reset`
+    starts from the prompt as it is."""
+    import asyncio
+
+    from hybrid_core.rewards.agents import agent_file_problems, load_agent_executor
+
+    file = tmp_path / "openrlhf_agent.py"
+    file.write_text("from hybrid_core.rewards.agents import AgentInstanceBase, MultiTurnAgentExecutor\n\n"
+                    "class AgentInstance(AgentInstanceBase):\n"
+                    "    async def step(self, states):\n"
+                    "        return {'rewards': 1.0, 'environment_feedback': '', 'done': True}\n\n"
+                    "class AgentExecutor(MultiTurnAgentExecutor):\n"
+                    "    def __init__(self):\n"
+                    "        super().__init__(AgentInstance)\n")
+    assert agent_file_problems(str(file)) == []
+    instance = load_agent_executor(str(file)).new_instance()
+    assert asyncio.run(instance.reset({"observation": "a prompt", "label": "x"})) == {"observation": "a prompt"}
+
+
+def test_an_inherited_execute_is_refused_and_a_bound_name_is_accepted(tmp_path):
+    from hybrid_core.rewards.agents import AgentFileError, agent_file_problems, load_agent_executor
+
+    file = tmp_path / "inherited.py"
+    file.write_text("from hybrid_core.rewards.agents import AgentExecutorBase, AgentInstanceBase\n\n"
+                    "class AgentInstance(AgentInstanceBase):\n"
+                    "    async def step(self, states):\n"
+                    "        return {'rewards': 1.0, 'environment_feedback': '', 'done': True}\n\n"
+                    "class Looping(AgentExecutorBase):\n"
+                    "    async def execute(self, *args):\n"
+                    "        return {}\n\n"
+                    "class Executor(Looping):\n"
+                    "    def __init__(self):\n"
+                    "        super().__init__(AgentInstance)\n\n"
+                    "AgentExecutor = Executor\n")
+    assert agent_file_problems(str(file)) == []  # the name is bound: the static check passes it
+    with pytest.raises(AgentFileError, match=r"a custom AgentExecutor.execute\(\) is not supported"):
+        load_agent_executor(str(file))
+
+
+def test_a_file_too_deeply_nested_to_parse_is_a_problem_not_a_traceback(tmp_path):
+    from hybrid_core.rewards.agents import agent_file_problems
+
+    file = tmp_path / "deep.py"
+    file.write_text("x = " + "(" * 100_000 + ")" * 100_000 + "\n")
+    problems = agent_file_problems(str(file))
+    assert len(problems) == 1 and ("is not a Python source file" in problems[0] or "syntax error" in problems[0])

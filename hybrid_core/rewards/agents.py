@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybrid_core.rewards.reward_func import missing_modules
+from hybrid_core.rewards.reward_func import missing_modules, top_level_binding
 from hybrid_core.types import PermanentError
 
 FIELD = "train.agent_func_path"
@@ -129,19 +129,6 @@ EXECUTE_REFUSED = ("a custom AgentExecutor.execute() is not supported (the rollo
                    "in, token out); implement AgentInstance.reset and step instead")
 
 
-def _executor_class(tree: ast.Module) -> ast.ClassDef | bool:
-    """The file's `class AgentExecutor`, True when it binds the name otherwise (an assignment or an import), False
-    when it does not."""
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "AgentExecutor":
-            return node
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "AgentExecutor" for t in node.targets):
-            return True
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "AgentExecutor" for a in node.names):
-            return True
-    return False
-
-
 def agent_file_problems(path: str) -> list[str]:
     """Why `train.agent_func_path` cannot give an executor, found without running the file (empty when it can)."""
     file = Path(path)
@@ -153,13 +140,13 @@ def agent_file_problems(path: str) -> list[str]:
         return [f"{FIELD} {path!r} has a syntax error at line {err.lineno}: {err.msg}; fix the file"]
     except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as err:
         return [f"{FIELD} {path!r} is not a Python source file: {type(err).__name__} {err}"]
-    executor = _executor_class(tree)
+    executor = top_level_binding(tree, "AgentExecutor")
     problems = []
-    if executor is False:
+    if executor is None:
         problems.append(f"{FIELD} {path!r} defines no class AgentExecutor; add class AgentExecutor("
                         "AgentExecutorBase) whose __init__ calls super().__init__(AgentInstance)")
-    elif executor is not True and any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                                      and node.name == "execute" for node in executor.body):
+    elif isinstance(executor, ast.ClassDef) and any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                                    and node.name == "execute" for node in executor.body):
         problems.append(f"{FIELD} {path!r}: {EXECUTE_REFUSED}")
     if missing := missing_modules(tree):
         problems.append(f"{FIELD} {path!r} imports {', '.join(missing)}, which is not installed here; install it "

@@ -144,16 +144,17 @@ def _item(value, i: int):
     return value
 
 
-def _binds_reward_func(tree: ast.Module) -> bool:
-    """A top-level `def reward_func`, `reward_func = …` or `from … import reward_func`."""
+def top_level_binding(tree: ast.Module, name: str) -> ast.stmt | None:
+    """The top-level statement of a file that binds `name`: a `def` or `class` of it, `name = …` or an import of it
+    (None when there is none)."""
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "reward_func":
-            return True
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "reward_func" for t in node.targets):
-            return True
-        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == "reward_func" for a in node.names):
-            return True
-    return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return node
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return node
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+            return node
+    return None
 
 
 def missing_modules(tree: ast.Module) -> list[str]:
@@ -176,7 +177,7 @@ def reward_file_problems(path: str) -> list[str]:
     except (UnicodeDecodeError, ValueError) as err:
         return [f"reward.remote_url {path!r} is not a Python source file: {err}"]
     problems = []
-    if not _binds_reward_func(tree):
+    if top_level_binding(tree, "reward_func") is None:
         problems.append(f"reward.remote_url {path!r} defines no reward_func; add def reward_func(queries, prompts, "
                         "labels, **kwargs) returning {'rewards': …}")
     if missing := missing_modules(tree):

@@ -187,7 +187,7 @@ def orchestration_parts(run_dir: Path, rows: dict[int, dict], step: int) -> dict
 def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,
                  names: list[str] = ("vllm-peak", "ds-peak")) -> None:
     from hybrid_core.flags import parse_cli
-    from hybrid_core.memory_plan import estimate_memory
+    from hybrid_core.plan.memory import estimate_memory
 
     for name in names:
         config = CONFIGS / f"h200-memory-{name}.yaml"

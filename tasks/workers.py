@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from hybrid_core.config import RunConfig
-from hybrid_core.gpu_probe import count_gpus, gpu_memory_gib
-from hybrid_core.preflight import PreflightError, run_problems
+from hybrid_core.plan.gpu_probe import count_gpus, gpu_memory_gib
+from hybrid_core.plan.preflight import PreflightError, run_problems
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import launch, placement
 from hybrid_core.workers.rank_group import RankFailure

@@ -65,7 +65,7 @@ class ActorWorkerArgs:
     save_hf: bool
     max_num: int
     best_metric_key: str  # ckpt.best_metric_key: "" the first eval/*_pass1, "none" plain rotation
-    sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.sync_transport)
+    sync_transport: str  # "object_store" | "cuda_ipc" | "process_group:<nccl|gloo>" (see plan.placement.sync_transport)
     engines: EngineLayout  # the rollout engines and which actor rank feeds each of their TP workers
     role_ranks: tuple[tuple[str, int], ...]  # (role, data-parallel ranks) of actor, ref and critic
     starts_forwards_early: bool  # the reward stage keeps off the GPU: its forwards run beside it (`start_forwards`)

@@ -13,8 +13,8 @@ from hybrid_core.config import RunConfig
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.run_lease import RunLease
 from hybrid_core.engines.checkpoint import newest_checkpoint
-from hybrid_core.plan import engine_layout, role_bundles, run_node_blocks
-from hybrid_core.preflight import run_dir_problems
+from hybrid_core.plan.placement import engine_layout, role_bundles, run_node_blocks
+from hybrid_core.plan.preflight import run_dir_problems
 from hybrid_core.step_contract import LiveVersions, can_reattach, first_incomplete_step, restore_step
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import placement

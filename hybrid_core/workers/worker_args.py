@@ -16,7 +16,7 @@ from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
-from hybrid_core.plan import engine_layout, make_placement, sync_transport
+from hybrid_core.plan.placement import engine_layout, make_placement, sync_transport
 from hybrid_core.rewards.sources import RewardSourceSpec
 from hybrid_core.types import RunRef
 from hybrid_core.workers.actor import ActorWorkerArgs

@@ -10,7 +10,7 @@ from hybrid_core.config import ConfigError
 from hybrid_core.engine_layout import EngineLayout, engine_lines
 from hybrid_core.engines.vllm_rollout import EngineSettings, engine_options, executor_backend
 from hybrid_core.flags import parse_cli
-from hybrid_core.plan import (engine_layout, preflight_problems, render_plan, role_bundles, run_node_blocks,
+from hybrid_core.plan.placement import (engine_layout, preflight_problems, render_plan, role_bundles, run_node_blocks,
                               sync_transport)
 from hybrid_core.workers.placement import pg_name, role_env, seat, tp_engine_env
 from hybrid_core.workers.worker_args import run_ref

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
-from hybrid_core.model_shapes import ModelShape, model_shape
+from hybrid_core.plan.model_shapes import ModelShape, model_shape
 
 GIB = 2**30
 PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

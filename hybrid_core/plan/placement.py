@@ -2,7 +2,7 @@
 
 Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
 of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is
-`memory_plan`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs (`gpu_probe`) and creates
+`plan.memory`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs (`gpu_probe`) and creates
 the placement groups.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.engine_layout import EngineLayout, engine_lines
-from hybrid_core.memory_plan import estimate_memory, fit_summary, liger_installed, render_memory
+from hybrid_core.plan.memory import estimate_memory, fit_summary, liger_installed, render_memory
 from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, node_blocks, node_lines
-from hybrid_core.optimizer_rules import optimizer_lines, optimizer_problems
-from hybrid_core.ring_plan import ring_lines, ring_problems
+from hybrid_core.plan.optimizer_rules import optimizer_lines, optimizer_problems
+from hybrid_core.plan.ring import ring_lines, ring_problems
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -323,7 +323,7 @@ def _slice_problems(cfg: RunConfig) -> list[str]:
 def _missing_inputs(cfg: RunConfig) -> list[str]:
     """Inputs that must exist before anything starts: local paths that are there, or hub names (this checks files
     only, never the network; the preflight checks a hub model against the cache when HF_HUB_OFFLINE is set)."""
-    from hybrid_core.hub import is_hub_name
+    from hybrid_core.data.hub import is_hub_name
 
     checks = [("actor.model_name_or_path", cfg.actor.model_name_or_path,
                "a local HF model directory or a hub model id", True),

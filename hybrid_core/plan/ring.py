@@ -5,13 +5,13 @@ Owns which ranks form a ring (N consecutive data-parallel ranks; a role of W ran
 every sample it trains on), which roles split their samples so (the policy, the reference and the critic: the
 reward model scores whole samples), and the refusals: a ring without packed samples, a ring size that does not
 divide a role's ranks, a head stride that does not divide the model's K/V heads or is set without a ring.
-Pure functions of a `RunConfig` and its placement (`plan.make_placement`'s, passed in: the plan sits above this
-module): no torch, no Ray.
+Pure functions of a `RunConfig` and its placement (`placement.make_placement`'s, passed in: the placement sits
+above this module): no torch, no Ray.
 """
 from __future__ import annotations
 
 from hybrid_core.config import RunConfig
-from hybrid_core.memory_plan import model_shape
+from hybrid_core.plan.memory import model_shape
 
 RING_ROLES = ("actor", "ref", "critic")  # the roles whose forwards split a sample over a ring
 

@@ -43,7 +43,7 @@ def _parse(argv: list[str]):
 
 def plan_command(argv: list[str]) -> int:
     from hybrid_core.plan.gpu_probe import gpu_memory_gib
-    from hybrid_core.plan.placement import ASSUMED_GPU_GIB, render_plan
+    from hybrid_core.plan.report import ASSUMED_GPU_GIB, render_plan
 
     cfg, error = _parse(argv)
     if error:

@@ -1,9 +1,9 @@
-"""What `hybrid plan` prints and what `hybrid train` checks before anything starts.
+"""Where every role runs, and what `hybrid train` checks of the plan before anything starts.
 
 Owns the refusal of flags whose behaviour does not exist yet (declared beside the fields in `config`), the placement
-of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the preflight problems; the memory estimate is
-`plan.memory`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs (`gpu_probe`) and creates
-the placement groups.
+of roles on GPU bundles (mirroring OpenRLHF's placement groups) and the plan's problems; the memory estimate is
+`plan.memory`'s, the text `plan.report`'s. Pure functions of a `RunConfig`: no torch, no Ray; the caller counts GPUs
+(`gpu_probe`) and creates the placement groups.
 """
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
-from hybrid_core.engine_layout import EngineLayout, engine_lines
-from hybrid_core.plan.memory import estimate_memory, fit_summary, liger_installed, render_memory
-from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, node_blocks, node_lines
-from hybrid_core.plan.optimizer_rules import optimizer_lines, optimizer_problems
-from hybrid_core.plan.ring import ring_lines, ring_problems
+from hybrid_core.layout import EngineLayout, NodeBlock, cpu_per_bundle, node_blocks
+from hybrid_core.plan.memory import estimate_memory, fit_summary, liger_installed
+from hybrid_core.plan.optimizer_rules import optimizer_problems
+from hybrid_core.plan.ring import ring_problems
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -47,8 +46,6 @@ IMPLEMENTED_VALUES: dict[str, frozenset[str]] = implemented_values()
 
 # OpenRLHF gives each colocated role 0.2 GPU per bundle; more than five roles would overcommit the GPU.
 MAX_SHARED_GPU_FRACTION = 0.2
-# What `hybrid plan` assumes without nvidia-smi: an H200's memory as CUDA reports it (torch.cuda.mem_get_info).
-ASSUMED_GPU_GIB = 139.8
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,7 @@ def make_placement(cfg: RunConfig) -> Placement:
 
 
 def run_node_blocks(cfg: RunConfig) -> tuple[NodeBlock, ...]:
-    """The run's placement groups, one per node of each group (`node_layout`), in `role_bundles`' bundle order."""
+    """The run's placement groups, one per node of each group (`layout.node_blocks`), in `role_bundles`' bundle order."""
     return node_blocks([(g.num_bundles, g.per_node or math.ceil(g.num_bundles / g.num_nodes))
                         for g in make_placement(cfg).groups])
 
@@ -169,7 +166,7 @@ def sync_transport(cfg: RunConfig) -> str:
 
 
 def engine_layout(cfg: RunConfig) -> EngineLayout:
-    """The run's engines and their TP workers' bundles (see `engine_layout`), from the rollout's first bundle."""
+    """The run's engines and their TP workers' bundles (see `layout.EngineLayout`), from the rollout's first bundle."""
     return EngineLayout(num_engines=cfg.vllm.num_engines or 1, tensor_parallel_size=cfg.vllm.tensor_parallel_size,
                         first_bundle=role_bundles(cfg)[1]["rollout"][0])
 
@@ -185,76 +182,6 @@ def not_implemented(cfg: RunConfig) -> list[str]:
         if values[path] not in allowed:
             lines.append(f"--{path} (value {values[path]!r}; implemented: {', '.join(sorted(allowed))})")
     return lines
-
-
-def _group_line(index: int, group: GpuGroup, placement: Placement) -> str:
-    unit = "CPU bundles" if placement.device == "cpu" else "bundles of 1 GPU"
-    shares = ", ".join(f"{role} {group.gpu_share:g}" for role in group.roles)
-    return (f"  group {index}: {group.num_bundles} {unit} on {group.num_nodes} node(s); "
-            f"roles and GPU share per bundle: {shares}")
-
-
-def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
-    if placement.num_engines == 0:
-        return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
-    group = placement.group_of("rollout")
-    where = "shares the actor's GPUs" if group and "actor" in group.roles else "has its own GPUs"
-    runner = {"mp": ", model runner in a child process (vllm.executor_backend mp)",
-              "uni": ", model runner in the rollout worker's process (vllm.executor_backend uni)"}
-    core = ", engine core in a process of its own" if cfg.vllm.engine_core_process else ""
-    return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
-            f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}{core}",
-            *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
-
-
-def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
-    """Where the reward model's ranks sit (each scores a share of a step's samples); nothing without one."""
-    group = placement.group_of("reward")
-    if group is None:
-        return []
-    index = placement.groups.index(group) + 1
-    beside = [role for role in group.roles if role != "reward"]
-    where = f"beside {', '.join(beside)}" if beside else "alone"
-    normalized = "normalized by its config's mean/std" if cfg.reward.normalize_enable else "raw"
-    offloaded = "; weights in host memory outside the reward stage" if cfg.reward.offload else ""
-    path = cfg.reward.model_name_or_path or "not set (give --reward.model_name_or_path or --reward.remote_url)"
-    return [f"reward model: {path}, {group.num_bundles} ranks in group {index} ({where}), "
-            f"rewards {normalized}{offloaded}"]
-
-
-def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:
-    """The human report of `hybrid plan`: size, placement groups, sleep modes, not-implemented flags and, given
-    `gpu_total_gib` (per-GPU memory; `is_gpu_assumed` when no GPU was found to measure), the memory estimate."""
-    placement = make_placement(cfg)
-    nodes = math.ceil(placement.num_bundles / cfg.actor.num_gpus_per_node)
-    lines = [f"device: {placement.device}; needs {placement.num_gpus} GPUs "
-             f"({placement.num_bundles} bundles) on {nodes} node(s) of {cfg.actor.num_gpus_per_node}",
-             "placement:"]
-    for i, group in enumerate(placement.groups):
-        lines += [_group_line(i + 1, group, placement), *node_lines(run_node_blocks(cfg), i)]
-    lines += _rollout_line(cfg, placement)
-    lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement) + optimizer_lines(cfg)
-    vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
-    lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
-    missing = not_implemented(cfg)
-    lines.append("not implemented yet:" + ("" if missing else " none"))
-    lines += [f"  {line}" for line in missing]
-    if gpu_total_gib is not None:
-        lines += _memory_lines(cfg, gpu_total_gib, is_gpu_assumed)
-    return "\n".join(lines)
-
-
-def _memory_lines(cfg: RunConfig, gpu_total_gib: float, is_gpu_assumed: bool) -> list[str]:
-    """The memory section of the plan: skipped on CPU, and a reason instead of terms when a shape is unknown."""
-    if cfg.train.device == "cpu":
-        return ["memory: the memory plan applies to GPU runs (--train.device cuda); skipped on cpu"]
-    try:
-        plan = estimate_memory(cfg, gpu_total_gib, make_placement(cfg).group_of("actor").roles)
-    except ValueError as err:
-        return [f"memory: no estimate: {err}"]
-    source = "assumed: no GPU found, an H200" if is_gpu_assumed else "found by nvidia-smi"
-    return ([f"memory per GPU of the actor's group, estimated for a {gpu_total_gib:.2f} GiB GPU ({source}):"]
-            + [f"  {line}" for line in render_memory(plan)])
 
 
 def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib: float | None = None) -> list[str]:

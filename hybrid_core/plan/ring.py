@@ -1,9 +1,9 @@
 """Ring attention's groups and rules (`--ds.ring_attn_size N`, `--ds.ring_attn_head_stride S`), as `hybrid plan`
 shows them and `hybrid train` checks them before anything starts.
 
-Owns which ranks form a ring (N consecutive data-parallel ranks; a role of W ranks has W ÷ N of them, each sharing
-every sample it trains on), which roles split their samples so (the policy, the reference and the critic: the
-reward model scores whole samples), and the refusals: a ring without packed samples, a ring size that does not
+Owns which roles' ranks form rings (N consecutive data-parallel ranks, `layout.ring_group_ranks`: a role of W ranks
+has W ÷ N of them, each sharing every sample it trains on), which roles split their samples so (the policy, the
+reference and the critic: the reward model scores whole samples), and the refusals: a ring without packed samples, a ring size that does not
 divide a role's ranks, a head stride that does not divide the model's K/V heads or is set without a ring.
 Pure functions of a `RunConfig` and its placement (`placement.make_placement`'s, passed in: the placement sits
 above this module): no torch, no Ray.
@@ -11,16 +11,10 @@ above this module): no torch, no Ray.
 from __future__ import annotations
 
 from hybrid_core.config import RunConfig
+from hybrid_core.layout import ring_group_ranks
 from hybrid_core.plan.memory import model_shape
 
 RING_ROLES = ("actor", "ref", "critic")  # the roles whose forwards split a sample over a ring
-
-
-def ring_group_ranks(world_size: int, ring_size: int) -> list[list[int]]:
-    """The rings of `world_size` ranks: consecutive runs of `ring_size` ranks, in order."""
-    if ring_size < 1 or world_size % ring_size:
-        raise ValueError(f"ds.ring_attn_size must divide the ranks: got {ring_size} for {world_size} ranks")
-    return [list(range(start, start + ring_size)) for start in range(0, world_size, ring_size)]
 
 
 def _role_ranks(placement) -> dict[str, int]:

@@ -20,7 +20,6 @@ from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.eval_tables import eval_only_row
 from hybrid_core.data.stage_tables import METRIC_COLUMNS, experience_figures, metrics_table, row_from_records
-from hybrid_core.engine_layout import EngineLayout
 from hybrid_core.engines.actor_trainer import ISCorrection, TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hybrid_core.engines.deepspeed_train import (DeepSpeedTrainEngine, clear_stale_build_locks, load_policy,
@@ -30,6 +29,7 @@ from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, re
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.weight_sync import join_bucket_gathers
+from hybrid_core.layout import EngineLayout
 from hybrid_core.step_contract import ADVANTAGE, METRICS, ROLLOUT, SYNC, TRAIN, derive_seed, generating_version
 from hybrid_core.types import MetricsRow, RunRef, StageResult
 from hybrid_core.workers import rank_group
@@ -283,7 +283,7 @@ class ActorWorker:
         return join_bucket_gathers(self.engine.module, self.args.sync_bucket_bytes)
 
     def push_weights(self) -> int:
-        """This rank's weights to the engine worker on its GPU (CUDA IPC; `engine_layout`): the engine's first rank
+        """This rank's weights to the engine worker on its GPU (CUDA IPC; `layout.EngineLayout`): the engine's first rank
         sends, the others' handles reach it through the gather; returns the bytes this rank sent."""
         layout, module, is_zero3 = self.args.engines, self.engine.module, self.engine.is_zero3
         index = layout.engine_of(self.rank)

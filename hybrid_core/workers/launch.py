@@ -102,7 +102,7 @@ def _rank_slot(first: placement.Slot, rank: int) -> placement.Slot:
 
 
 def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int) -> list:
-    """The role's ranks, in order across its nodes (rank r on the r-th bundle of its group: see `node_layout`)."""
+    """The role's ranks, in order across its nodes (rank r on the r-th bundle of its group: see `layout.node_blocks`)."""
     return [pg.spawn(cls, role, _rank_slot(first, rank), rank=rank, rendezvous=placement.Rendezvous(rank, num_ranks))
             for rank in range(num_ranks)]
 

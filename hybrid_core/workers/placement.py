@@ -1,5 +1,5 @@
 """Ray placement for a run: connecting to Ray, the run's placement groups (one per node of each role group, see
-`node_layout`), and creating/killing named actors.
+`layout`), and creating/killing named actors.
 
 Owns the only reads of environment variables (RAY_ADDRESS, cache locations, HYBRID_FAULTS) and the runtime env each
 role's process gets (vLLM's settings, DeepSpeed's CPU accelerator, ranks), and where a role's ranks meet: the
@@ -23,7 +23,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid_core.data.rollout_store import RolloutStore
-from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
+from hybrid_core.layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
 from hybrid_core.types import RunRef
 from hybrid_core.workers.faults import Fault, parse_faults
 

@@ -57,7 +57,7 @@ def test_the_seed_deployment_is_the_seed_recipe_with_local_files_on_the_gpu_pool
 
     from hybrid_core.config import leaf_values
     from hybrid_core.flags import parse_cli
-    from hybrid_core.plan.placement import render_plan
+    from hybrid_core.plan.report import render_plan
 
     qwen = deployments()["qwen3-4b-math-hybrid"]
     assert qwen["work_pool"]["name"] == "hybrid-gpu"

@@ -3,9 +3,11 @@ import pytest
 
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
-from hybrid_core.node_layout import NodeBlock
-from hybrid_core.plan.placement import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
-                              preflight_problems, render_plan, role_bundles, run_node_blocks, sync_transport)
+from hybrid_core.layout import NodeBlock
+from hybrid_core.plan.placement import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement,
+                                        not_implemented, preflight_problems, role_bundles, run_node_blocks,
+                                        sync_transport)
+from hybrid_core.plan.report import render_plan
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
 from tests.conftest import REPO_ROOT

@@ -9,7 +9,8 @@ import pytest
 
 from hybrid_core.config import RunConfig
 from hybrid_core.plan.memory import GIB, model_shape, trainer_bytes
-from hybrid_core.plan.placement import preflight_problems, render_plan
+from hybrid_core.plan.placement import preflight_problems
+from hybrid_core.plan.report import render_plan
 from hybrid_core.workers.rank_group import sharded_rows
 from tests.conftest import REPO_ROOT
 from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes

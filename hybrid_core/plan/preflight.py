@@ -18,7 +18,7 @@ from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
 from hybrid_core.data.hub import dataset_hub_problems, model_hub_problems
-from hybrid_core.plan.placement import preflight_problems as plan_problems
+from hybrid_core.plan.refusals import preflight_problems as plan_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
 from hybrid_core.types import PermanentError
 

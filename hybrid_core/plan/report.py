@@ -12,8 +12,9 @@ from hybrid_core.config import RunConfig
 from hybrid_core.layout import EngineLayout, NodeBlock, rank_span
 from hybrid_core.plan.memory import estimate_memory, render_memory
 from hybrid_core.plan.optimizer_rules import optimizer_lines
-from hybrid_core.plan.placement import (GpuGroup, Placement, engine_layout, make_placement, not_implemented,
-                                        run_node_blocks, sync_transport)
+from hybrid_core.plan.placement import (GpuGroup, Placement, engine_layout, make_placement, run_node_blocks,
+                                        sync_transport)
+from hybrid_core.plan.refusals import gaps
 from hybrid_core.plan.ring import ring_lines
 
 # What `hybrid plan` assumes without nvidia-smi: an H200's memory as CUDA reports it (torch.cuda.mem_get_info).
@@ -98,7 +99,7 @@ def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assum
     lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement) + optimizer_lines(cfg)
     vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
     lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
-    missing = not_implemented(cfg)
+    missing = [gap.line for gap in gaps(cfg, placement)]
     lines.append("not implemented yet:" + ("" if missing else " none"))
     lines += [f"  {line}" for line in missing]
     if gpu_total_gib is not None:

@@ -3,8 +3,9 @@ shows them and `hybrid train` checks them before anything starts.
 
 Owns which roles' ranks form rings (N consecutive data-parallel ranks, `layout.ring_group_ranks`: a role of W ranks
 has W ÷ N of them, each sharing every sample it trains on), which roles split their samples so (the policy, the
-reference and the critic: the reward model scores whole samples), and the refusals: a ring without packed samples, a ring size that does not
-divide a role's ranks, a head stride that does not divide the model's K/V heads or is set without a ring.
+reference and the critic: the reward model scores whole samples), and the refusals: a ring over padded rows
+(`unpacked_ring`: a gap the plan lists as not implemented), a ring size that does not divide a role's ranks, a
+head stride that does not divide the model's K/V heads or is set without a ring.
 Pure functions of a `RunConfig` and its placement (`placement.make_placement`'s, passed in: the placement sits
 above this module): no torch, no Ray.
 """
@@ -32,9 +33,6 @@ def ring_problems(cfg: RunConfig, placement) -> list[str]:
         return [f"ds.ring_attn_head_stride {stride} does nothing without ring attention: got ds.ring_attn_size 1; "
                 "set --ds.ring_attn_size to a divisor of the actor's ranks, or drop --ds.ring_attn_head_stride"]
     problems = []
-    if not ds.packing_samples:
-        problems.append(f"ds.ring_attn_size {size} splits packed samples: got ds.packing_samples False; add "
-                        "--ds.packing_samples, or drop --ds.ring_attn_size")
     for role in RING_ROLES:
         ranks = role_ranks.get(role)
         if ranks is not None and ranks % size:
@@ -42,6 +40,15 @@ def ring_problems(cfg: RunConfig, placement) -> list[str]:
                             f"use --ds.ring_attn_size among {_divisors(ranks)}, or give the {role} a multiple of "
                             f"{size} ranks")
     return problems + _head_stride_problems(cfg, role_ranks)
+
+
+def unpacked_ring(cfg: RunConfig) -> list[str]:
+    """Ring attention over padded rows, which has no code path: a ring splits one packed row (none without a ring)."""
+    size = cfg.ds.ring_attn_size
+    if size == 1 or cfg.ds.packing_samples:
+        return []
+    return [f"ds.ring_attn_size {size} splits packed samples: got ds.packing_samples False; add --ds.packing_samples, "
+            "or drop --ds.ring_attn_size"]
 
 
 def _head_stride_problems(cfg: RunConfig, role_ranks: dict[str, int]) -> list[str]:

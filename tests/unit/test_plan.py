@@ -4,9 +4,8 @@ import pytest
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
 from hybrid_core.layout import NodeBlock
-from hybrid_core.plan.placement import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement,
-                                        not_implemented, preflight_problems, role_bundles, run_node_blocks,
-                                        sync_transport)
+from hybrid_core.plan.placement import GpuGroup, make_placement, role_bundles, run_node_blocks, sync_transport
+from hybrid_core.plan.refusals import IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, not_implemented, preflight_problems
 from hybrid_core.plan.report import render_plan
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
@@ -124,7 +123,7 @@ def test_default_config_sets_nothing_unimplemented():
 
 
 def test_unimplemented_choice_values_are_reported(monkeypatch):
-    from hybrid_core.plan import placement as plan
+    from hybrid_core.plan import refusals as plan
 
     monkeypatch.setitem(plan.IMPLEMENTED_VALUES, "algo.advantage.estimator", frozenset({"rloo"}))
     assert not_implemented(RunConfig()) == ["--algo.advantage.estimator (value 'gae'; implemented: rloo)"]

@@ -9,7 +9,7 @@ import pytest
 
 from hybrid_core.config import RunConfig
 from hybrid_core.plan.memory import GIB, model_shape, trainer_bytes
-from hybrid_core.plan.placement import preflight_problems
+from hybrid_core.plan.refusals import preflight_problems
 from hybrid_core.plan.report import render_plan
 from hybrid_core.workers.rank_group import sharded_rows
 from tests.conftest import REPO_ROOT

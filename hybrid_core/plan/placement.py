@@ -1,8 +1,9 @@
 """Where every role runs: the roles grouped into placement groups of GPU bundles (mirroring OpenRLHF's launcher),
 each role's first bundle and GPU share, the engines' bundles and how weights reach them.
 
-Pure functions of a `RunConfig`: no torch, no Ray. What the plan refuses is `plan.refusals`', its text
-`plan.report`'s; the workers create the placement groups.
+Pure functions of a `RunConfig` and of the placement made from it once (`make_placement`): no torch, no Ray.
+`run_plan` gathers them into the run's one plan; what it refuses is `plan.refusals`', its text `plan.report`'s; the
+workers create the placement groups.
 """
 from __future__ import annotations
 
@@ -100,46 +101,39 @@ def make_placement(cfg: RunConfig) -> Placement:
     return Placement(tuple(groups), cfg.vllm.num_engines or 0, cfg.vllm.tensor_parallel_size, cfg.train.device)
 
 
-def run_node_blocks(cfg: RunConfig) -> tuple[NodeBlock, ...]:
-    """The run's placement groups, one per node of each group (`layout.node_blocks`), in `role_bundles`' bundle order."""
+def group_blocks(placement: Placement) -> tuple[NodeBlock, ...]:
+    """The run's placement groups, one per node of each group (`layout.node_blocks`), in the bundles' order."""
     return node_blocks([(g.num_bundles, g.per_node or math.ceil(g.num_bundles / g.num_nodes))
-                        for g in make_placement(cfg).groups])
+                        for g in placement.groups])
 
 
-def role_bundles(cfg: RunConfig) -> tuple[int, dict[str, tuple[int, float]]]:
-    """The run's bundle count and each role's (bundle index of its rank 0, share): the groups of `make_placement`
-    one after another, each role asking its share of its group's bundle. On CPU each node's bundles split one
-    logical CPU (vLLM and torch bind their own threads); without vllm.num_engines the engine sits beside the
-    actor."""
-    layout = make_placement(cfg)
-    num_bundles = max(1, layout.num_bundles)
-    bundle_cpus = cpu_per_bundle(run_node_blocks(cfg))
+def bundle_slots(placement: Placement, blocks: tuple[NodeBlock, ...]) -> dict[str, tuple[int, float]]:
+    """Each role's (bundle index of its rank 0, share): the groups one after another, each role asking its share of
+    its group's bundle. On CPU each node's bundles split one logical CPU (vLLM and torch bind their own threads);
+    without vllm.num_engines the engine sits beside the actor."""
+    bundle_cpus = cpu_per_bundle(blocks)
     bundles, offset = {}, 0
-    for group in layout.groups:
+    for group in placement.groups:
         # rounded down: the roles' shares must add up to no more than their bundle, or one is never placed
         cpu_share = math.floor(bundle_cpus / len(group.roles) * 1000) / 1000
-        share = group.gpu_share if cfg.train.device == "cuda" else cpu_share
+        share = group.gpu_share if placement.device == "cuda" else cpu_share
         bundles |= {role: (offset, share) for role in group.roles}
         offset += group.num_bundles
     bundles.setdefault("rollout", bundles["actor"])
-    return num_bundles, bundles
-
-
-def sync_transport(cfg: RunConfig) -> str:
-    """How weights reach the rollout engine: Ray's object store (colocated on CPU), CUDA IPC (colocated on a GPU)
-    or a process group's broadcast, `process_group:<backend>` (distributed mode: the engine has its own devices)."""
-    return placed_transport(cfg, make_placement(cfg))
+    return bundles
 
 
 def placed_transport(cfg: RunConfig, placement: Placement) -> str:
-    """`sync_transport` of a placement made already."""
+    """How weights reach the rollout engine: Ray's object store (colocated on CPU), CUDA IPC (colocated on a GPU)
+    or a process group's broadcast, `process_group:<backend>` (distributed mode: the engine has its own devices)."""
     group = placement.group_of("rollout")
     if group is None or "actor" in group.roles:
         return "cuda_ipc" if cfg.train.device == "cuda" else "object_store"
     return "process_group:" + ("gloo" if cfg.train.device == "cpu" else cfg.vllm.sync_backend)
 
 
-def engine_layout(cfg: RunConfig) -> EngineLayout:
-    """The run's engines and their TP workers' bundles (see `layout.EngineLayout`), from the rollout's first bundle."""
+def engines_from(cfg: RunConfig, first_bundle: int) -> EngineLayout:
+    """The run's engines and their TP workers' bundles (see `layout.EngineLayout`), from the rollout's first bundle
+    (one engine beside the actor without vllm.num_engines)."""
     return EngineLayout(num_engines=cfg.vllm.num_engines or 1, tensor_parallel_size=cfg.vllm.tensor_parallel_size,
-                        first_bundle=role_bundles(cfg)[1]["rollout"][0])
+                        first_bundle=first_bundle)

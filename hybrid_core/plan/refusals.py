@@ -13,10 +13,10 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
-from hybrid_core.plan.memory import estimate_memory, fit_summary, liger_installed
+from hybrid_core.plan.memory import fit_summary, liger_installed
 from hybrid_core.plan.optimizer_rules import optimizer_problems
-from hybrid_core.plan.placement import Placement, make_placement, placed_transport
 from hybrid_core.plan.ring import ring_problems, unpacked_ring
+from hybrid_core.plan.run_plan import RunPlan, run_plan
 
 
 def implemented_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> frozenset[str]:
@@ -66,11 +66,11 @@ class Gap:
     problem: str
 
 
-def gaps(cfg: RunConfig, placement: Placement) -> list[Gap]:
+def gaps(cfg: RunConfig, plan: RunPlan) -> list[Gap]:
     """The flags, values and setups of this run that have no code path yet, each once for both commands."""
     found = [Gap(line=line, problem=f"flag not implemented yet: {line}") for line in not_implemented(cfg)]
     tp = cfg.vllm.tensor_parallel_size
-    if tp > 1 and placed_transport(cfg, placement).startswith("process_group:"):
+    if tp > 1 and plan.sync_transport.startswith("process_group:"):
         line = (f"vLLM tensor parallelism (vllm.tensor_parallel_size {tp}) on engines' own GPUs (the weights' "
                 "broadcast reaches an engine's process, not its TP workers); add --train.colocate_all (engines × TP "
                 "= the actor's GPUs), or use --vllm.tensor_parallel_size 1")
@@ -80,36 +80,35 @@ def gaps(cfg: RunConfig, placement: Placement) -> list[Gap]:
 
 
 def preflight_problems(cfg: RunConfig, num_gpus_found: int | None, gpu_total_gib: float | None = None) -> list[str]:
-    """Why `hybrid train` must not start: unimplemented flags, missing hardware and, on GPUs, a memory estimate
-    over the GPU's size (empty when it may).
+    """`plan_problems` of `run_plan(cfg, gpu_total_gib)`, for a caller that holds only a configuration."""
+    return plan_problems(cfg, run_plan(cfg, gpu_total_gib), num_gpus_found)
+
+
+def plan_problems(cfg: RunConfig, plan: RunPlan, num_gpus_found: int | None) -> list[str]:
+    """Why `hybrid train` must not start this plan: its gaps, missing hardware and, when the plan was made for a
+    GPU's memory, an estimate over it (empty when it may).
 
     Args:
         num_gpus_found: GPUs visible to the caller (it asks nvidia-smi, `gpu_probe`, or Ray; this module does
             neither); None skips the count (the flow counts the Ray cluster's GPUs itself).
-        gpu_total_gib: per-GPU memory found (`gpu_probe.gpu_memory_gib`); None skips the memory check.
     """
-    placement = make_placement(cfg)
-    problems = [gap.problem for gap in gaps(cfg, placement)]
+    problems = [gap.problem for gap in gaps(cfg, plan)]
     problems += _reward_url_problems(cfg) + _kernel_problems(cfg) + optimizer_problems(cfg) + _missing_inputs(cfg) \
-        + _reward_model_problems(cfg) + ring_problems(cfg, placement) + _memory_problems(cfg, gpu_total_gib)
-    num_gpus = placement.num_gpus
+        + _reward_model_problems(cfg) + ring_problems(cfg, plan.role_ranks) + _memory_problems(plan)
+    num_gpus = plan.placement.num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
                         "or lower --actor.num_gpus_per_node and --vllm.num_engines")
     return problems
 
 
-def _memory_problems(cfg: RunConfig, gpu_total_gib: float | None) -> list[str]:
-    """The estimate over the GPU's memory; silent on CPU, without a GPU size, or when a model shape is unknown."""
-    if cfg.train.device != "cuda" or gpu_total_gib is None:
+def _memory_problems(plan: RunPlan) -> list[str]:
+    """The estimate over the GPU's memory; silent on CPU, without a GPU size, or when a model shape is unknown
+    (`hybrid plan` says why; a missing model is `_missing_inputs`')."""
+    memory = plan.memory
+    if memory is None or memory.fits:
         return []
-    try:
-        plan = estimate_memory(cfg, gpu_total_gib, make_placement(cfg).group_of("actor").roles)
-    except ValueError:  # `hybrid plan` says why; the missing model is reported by _missing_inputs
-        return []
-    if plan.fits:
-        return []
-    return [f"GPU memory: {fit_summary(plan)}, in phase {plan.peak_phase.name}; `hybrid plan` lists every term"]
+    return [f"GPU memory: {fit_summary(memory)}, in phase {memory.peak_phase.name}; `hybrid plan` lists every term"]
 
 
 def _kernel_problems(cfg: RunConfig) -> list[str]:

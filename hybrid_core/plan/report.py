@@ -1,7 +1,8 @@
 """What `hybrid plan` prints: the run's size, its placement groups node by node, the engines × TP and who feeds them,
 the reward model, ring groups, optimizers, sleep modes, the flags not implemented yet and the memory estimate.
 
-Text only: every figure comes from the placement, the layout and the memory plan; nothing here decides or refuses.
+Text only: every figure is read from the run's one plan (`run_plan`) and the gaps from `refusals`; nothing here
+decides or refuses.
 """
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from typing import Sequence
 
 from hybrid_core.config import RunConfig
 from hybrid_core.layout import EngineLayout, NodeBlock, rank_span
-from hybrid_core.plan.memory import estimate_memory, render_memory
+from hybrid_core.plan.memory import render_memory
 from hybrid_core.plan.optimizer_rules import optimizer_lines
-from hybrid_core.plan.placement import (GpuGroup, Placement, engine_layout, make_placement, run_node_blocks,
-                                        sync_transport)
+from hybrid_core.plan.placement import GpuGroup, Placement
 from hybrid_core.plan.refusals import gaps
-from hybrid_core.plan.ring import ring_lines
+from hybrid_core.plan.run_plan import RunPlan, run_plan
 
 # What `hybrid plan` assumes without nvidia-smi: an H200's memory as CUDA reports it (torch.cuda.mem_get_info).
 ASSUMED_GPU_GIB = 139.8
+
 
 def node_lines(blocks: Sequence[NodeBlock], group: int) -> list[str]:
     """What `hybrid plan` shows of a group on several nodes: each node's bundles and the ranks on them."""
@@ -57,7 +58,8 @@ def _group_line(index: int, group: GpuGroup, placement: Placement) -> str:
             f"roles and GPU share per bundle: {shares}")
 
 
-def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
+def _rollout_line(cfg: RunConfig, plan: RunPlan) -> list[str]:
+    placement = plan.placement
     if placement.num_engines == 0:
         return ["rollout: no vLLM engines (--vllm.num_engines is not set)"]
     group = placement.group_of("rollout")
@@ -67,7 +69,7 @@ def _rollout_line(cfg: RunConfig, placement: Placement) -> list[str]:
     core = ", engine core in a process of its own" if cfg.vllm.engine_core_process else ""
     return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
             f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}{core}",
-            *engine_lines(engine_layout(cfg), by_cuda_ipc=sync_transport(cfg) == "cuda_ipc")]
+            *engine_lines(plan.engines, by_cuda_ipc=plan.sync_transport == "cuda_ipc")]
 
 
 def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
@@ -85,36 +87,57 @@ def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:
             f"rewards {normalized}{offloaded}"]
 
 
+def _ring_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
+    """Ring attention: the rings of each ringed role (nothing without a ring)."""
+    size = cfg.ds.ring_attn_size
+    if size == 1:
+        return []
+    lines = [f"ring attention: each packed sample split over {size} ranks, "
+             f"{cfg.ds.ring_attn_head_stride} K/V head(s) all-gathered at a time"]
+    for row in plan.rows:
+        if row.ring_groups:
+            groups = " ".join(str(list(group)) for group in row.ring_groups)
+            lines.append(f"  {row.role}: ring groups {groups} ({len(row.ring_groups)} data-parallel group(s))")
+    return lines
+
+
+def _sleep_line(plan: RunPlan) -> str:
+    vllm_sleep = "off" if plan.sleep.vllm_level is None else f"on (level {plan.sleep.vllm_level})"
+    return f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if plan.sleep.deepspeed else 'off'}"
+
+
 def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:
-    """The human report of `hybrid plan`: size, placement groups, sleep modes, not-implemented flags and, given
-    `gpu_total_gib` (per-GPU memory; `is_gpu_assumed` when no GPU was found to measure), the memory estimate."""
-    placement = make_placement(cfg)
+    """The human report of `hybrid plan`: `run_plan(cfg, gpu_total_gib)` as `render_run_plan` prints it."""
+    return render_run_plan(cfg, run_plan(cfg, gpu_total_gib), is_gpu_assumed)
+
+
+def render_run_plan(cfg: RunConfig, plan: RunPlan, is_gpu_assumed: bool = False) -> str:
+    """Size, placement groups, engines, reward model, rings, optimizers, sleep modes, the gaps and, when the plan
+    was made for a GPU's memory (`is_gpu_assumed` when no GPU was found to measure), the memory estimate."""
+    placement = plan.placement
     nodes = math.ceil(placement.num_bundles / cfg.actor.num_gpus_per_node)
     lines = [f"device: {placement.device}; needs {placement.num_gpus} GPUs "
              f"({placement.num_bundles} bundles) on {nodes} node(s) of {cfg.actor.num_gpus_per_node}",
              "placement:"]
     for i, group in enumerate(placement.groups):
-        lines += [_group_line(i + 1, group, placement), *node_lines(run_node_blocks(cfg), i)]
-    lines += _rollout_line(cfg, placement)
-    lines += _reward_lines(cfg, placement) + ring_lines(cfg, placement) + optimizer_lines(cfg)
-    vllm_sleep = f"on (level {cfg.vllm.sleep_level})" if cfg.vllm.enable_sleep else "off"
-    lines.append(f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if cfg.ds.enable_sleep else 'off'}")
-    missing = [gap.line for gap in gaps(cfg, placement)]
+        lines += [_group_line(i + 1, group, placement), *node_lines(plan.blocks, i)]
+    lines += _rollout_line(cfg, plan) + _reward_lines(cfg, placement) + _ring_lines(cfg, plan)
+    lines += optimizer_lines(cfg) + [_sleep_line(plan)]
+    missing = [gap.line for gap in gaps(cfg, plan)]
     lines.append("not implemented yet:" + ("" if missing else " none"))
     lines += [f"  {line}" for line in missing]
-    if gpu_total_gib is not None:
-        lines += _memory_lines(cfg, gpu_total_gib, is_gpu_assumed)
-    return "\n".join(lines)
+    return "\n".join(lines + _memory_lines(plan, is_gpu_assumed))
 
 
-def _memory_lines(cfg: RunConfig, gpu_total_gib: float, is_gpu_assumed: bool) -> list[str]:
-    """The memory section of the plan: skipped on CPU, and a reason instead of terms when a shape is unknown."""
-    if cfg.train.device == "cpu":
+def _memory_lines(plan: RunPlan, is_gpu_assumed: bool) -> list[str]:
+    """The memory section of the plan: none without a GPU size, skipped on CPU, and a reason instead of terms when a
+    shape is unknown."""
+    if plan.gpu_total_gib is None:
+        return []
+    if plan.device == "cpu":
         return ["memory: the memory plan applies to GPU runs (--train.device cuda); skipped on cpu"]
-    try:
-        plan = estimate_memory(cfg, gpu_total_gib, make_placement(cfg).group_of("actor").roles)
-    except ValueError as err:
-        return [f"memory: no estimate: {err}"]
+    if plan.memory is None:
+        return [f"memory: no estimate: {plan.memory_error}"]
     source = "assumed: no GPU found, an H200" if is_gpu_assumed else "found by nvidia-smi"
-    return ([f"memory per GPU of the actor's group, estimated for a {gpu_total_gib:.2f} GiB GPU ({source}):"]
-            + [f"  {line}" for line in render_memory(plan)])
+    return ([f"memory per GPU of the actor's group, estimated for a {plan.gpu_total_gib:.2f} GiB GPU ({source}):"]
+            + [f"  {line}" for line in render_memory(plan.memory)])

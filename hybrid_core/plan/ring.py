@@ -1,31 +1,26 @@
-"""Ring attention's groups and rules (`--ds.ring_attn_size N`, `--ds.ring_attn_head_stride S`), as `hybrid plan`
-shows them and `hybrid train` checks them before anything starts.
+"""Ring attention's rules (`--ds.ring_attn_size N`, `--ds.ring_attn_head_stride S`), as `hybrid train` checks them
+before anything starts (the groups themselves are `layout.ring_group_ranks`, listed in the run's plan).
 
-Owns which roles' ranks form rings (N consecutive data-parallel ranks, `layout.ring_group_ranks`: a role of W ranks
-has W ÷ N of them, each sharing every sample it trains on), which roles split their samples so (the policy, the
+Owns which roles split their samples over rings (a role of W ranks has W ÷ N rings of N consecutive ranks, each
+sharing every sample it trains on) (the policy, the
 reference and the critic: the reward model scores whole samples), and the refusals: a ring over padded rows
 (`unpacked_ring`: a gap the plan lists as not implemented), a ring size that does not divide a role's ranks, a
 head stride that does not divide the model's K/V heads or is set without a ring.
-Pure functions of a `RunConfig` and its placement (`placement.make_placement`'s, passed in: the placement sits
-above this module): no torch, no Ray.
+Pure functions of a `RunConfig` and the ranks of each role (the run's plan's, passed in: the plan sits above this
+module): no torch, no Ray.
 """
 from __future__ import annotations
 
 from hybrid_core.config import RunConfig
-from hybrid_core.layout import ring_group_ranks
 from hybrid_core.plan.memory import model_shape
 
 RING_ROLES = ("actor", "ref", "critic")  # the roles whose forwards split a sample over a ring
 
 
-def _role_ranks(placement) -> dict[str, int]:
-    """Ranks of each ringed role of the run: one per bundle of its placement group."""
-    return {role: group.num_bundles for role in RING_ROLES if (group := placement.group_of(role)) is not None}
-
-
-def ring_problems(cfg: RunConfig, placement) -> list[str]:
-    """Why the ring settings cannot run, naming both values and the fix (empty when they can)."""
-    ds, role_ranks = cfg.ds, _role_ranks(placement)
+def ring_problems(cfg: RunConfig, role_ranks: dict[str, int]) -> list[str]:
+    """Why the ring settings cannot run over the run's ranks of each role (`role_ranks`), naming both values and the
+    fix (empty when they can)."""
+    ds = cfg.ds
     size, stride = ds.ring_attn_size, ds.ring_attn_head_stride
     if size == 1:
         if stride == 1:
@@ -73,19 +68,3 @@ def _head_stride_problems(cfg: RunConfig, role_ranks: dict[str, int]) -> list[st
 
 def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def ring_lines(cfg: RunConfig, placement) -> list[str]:
-    """What `hybrid plan` prints about ring attention: the groups of each ringed role (none without a ring)."""
-    size, role_ranks = cfg.ds.ring_attn_size, _role_ranks(placement)
-    if size == 1:
-        return []
-    lines = [f"ring attention: each packed sample split over {size} ranks, "
-             f"{cfg.ds.ring_attn_head_stride} K/V head(s) all-gathered at a time"]
-    for role in RING_ROLES:
-        ranks = role_ranks.get(role)
-        if ranks is None or ranks % size:
-            continue
-        groups = " ".join(str(group) for group in ring_group_ranks(ranks, size))
-        lines.append(f"  {role}: ring groups {groups} ({ranks // size} data-parallel group(s))")
-    return lines

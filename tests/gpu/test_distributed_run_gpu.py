@@ -57,7 +57,8 @@ def test_distributed_run_syncs_over_nccl(standin, two_gpus, tmp_path):
     import pyarrow.dataset as pds
 
     from hybrid_core.config import RunConfig
-    from hybrid_core.plan.placement import make_placement, sync_transport
+    from hybrid_core.plan.placement import make_placement
+    from hybrid_core.plan.run_plan import sync_transport
 
     config = distributed_config(standin, tmp_path)
     cfg = RunConfig.model_validate(yaml.safe_load(config.read_text()))

@@ -10,7 +10,7 @@ from hybrid_core.config import ConfigError
 from hybrid_core.layout import EngineLayout
 from hybrid_core.engines.vllm_rollout import EngineSettings, engine_options, executor_backend
 from hybrid_core.flags import parse_cli
-from hybrid_core.plan.placement import engine_layout, role_bundles, run_node_blocks, sync_transport
+from hybrid_core.plan.run_plan import engine_layout, role_bundles, run_node_blocks, sync_transport
 from hybrid_core.plan.refusals import preflight_problems
 from hybrid_core.plan.report import engine_lines, render_plan
 from hybrid_core.workers.placement import pg_name, role_env, seat, tp_engine_env

@@ -4,7 +4,8 @@ import pytest
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
 from hybrid_core.layout import NodeBlock
-from hybrid_core.plan.placement import GpuGroup, make_placement, role_bundles, run_node_blocks, sync_transport
+from hybrid_core.plan.placement import GpuGroup, make_placement
+from hybrid_core.plan.run_plan import role_bundles, run_node_blocks, sync_transport
 from hybrid_core.plan.refusals import IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, not_implemented, preflight_problems
 from hybrid_core.plan.report import render_plan
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim

@@ -12,7 +12,8 @@ import pytest
 
 from hybrid_core.flags import parse_cli
 from hybrid_core.plan.memory import GIB, estimate_memory
-from hybrid_core.plan.placement import make_placement, role_bundles
+from hybrid_core.plan.placement import make_placement
+from hybrid_core.plan.run_plan import role_bundles
 from hybrid_core.plan.refusals import preflight_problems
 from hybrid_core.plan.report import render_plan
 from hybrid_core.plan.preflight import input_problems, value_head_problems

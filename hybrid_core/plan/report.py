@@ -1,5 +1,6 @@
 """What `hybrid plan` prints: the run's size, its placement groups node by node, the engines × TP and who feeds them,
-the reward model, ring groups, optimizers, sleep modes, the flags not implemented yet and the memory estimate.
+the reward model, ring groups, optimizers, sleep modes, switches, the flags not implemented yet and the memory
+estimate.
 
 Text only: every figure is read from the run's one plan (`run_plan`) and the gaps from `refusals`; nothing here
 decides or refuses.
@@ -16,6 +17,7 @@ from hybrid_core.plan.optimizer_rules import optimizer_lines
 from hybrid_core.plan.placement import GpuGroup, Placement
 from hybrid_core.plan.refusals import gaps
 from hybrid_core.plan.run_plan import RunPlan, run_plan
+from hybrid_core.switches import SWITCHES
 
 # What `hybrid plan` assumes without nvidia-smi: an H200's memory as CUDA reports it (torch.cuda.mem_get_info).
 ASSUMED_GPU_GIB = 139.8
@@ -101,6 +103,12 @@ def _ring_lines(cfg: RunConfig, plan: RunPlan) -> list[str]:
     return lines
 
 
+def _switch_lines(plan: RunPlan) -> list[str]:
+    """The switches that differ from their defaults, set by flag or by their variable (nothing otherwise)."""
+    changed = [f"ds.{name} {value}" for name, value in plan.switches.items() if value != SWITCHES[name].choices[0]]
+    return [f"switches: {', '.join(changed)}"] if changed else []
+
+
 def _sleep_line(plan: RunPlan) -> str:
     vllm_sleep = "off" if plan.sleep.vllm_level is None else f"on (level {plan.sleep.vllm_level})"
     return f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if plan.sleep.deepspeed else 'off'}"
@@ -122,7 +130,7 @@ def render_run_plan(cfg: RunConfig, plan: RunPlan, is_gpu_assumed: bool = False)
     for i, group in enumerate(placement.groups):
         lines += [_group_line(i + 1, group, placement), *node_lines(plan.blocks, i)]
     lines += _rollout_line(cfg, plan) + _reward_lines(cfg, placement) + _ring_lines(cfg, plan)
-    lines += optimizer_lines(cfg) + [_sleep_line(plan)]
+    lines += optimizer_lines(cfg) + [_sleep_line(plan)] + _switch_lines(plan)
     missing = [gap.line for gap in gaps(cfg, plan)]
     lines.append("not implemented yet:" + ("" if missing else " none"))
     lines += [f"  {line}" for line in missing]

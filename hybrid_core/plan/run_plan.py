@@ -1,5 +1,5 @@
 """The run's plan, built once from its configuration: one row per role (ranks, first bundle, GPU share, ring groups),
-the node blocks, the engines × TP, how weights reach them, the sleep modes and the memory estimate.
+the node blocks, the engines × TP, how weights reach them, the sleep modes, the switches and the memory estimate.
 
 `run_plan` is the one place the placement is made; `hybrid plan` prints the value, the preflight checks it, and the
 workers are started from it (`worker_args`, `launch`) instead of deriving the placement again. It is a frozen value
@@ -15,6 +15,7 @@ from hybrid_core.plan.memory import MemoryPlan, estimate_memory
 from hybrid_core.plan.placement import (Placement, bundle_slots, engines_from, group_blocks, make_placement,
                                         placed_transport)
 from hybrid_core.plan.ring import RING_ROLES
+from hybrid_core.switches import SWITCHES, switch_values
 
 RANKED_ROLES = ("actor", "ref", "critic", "reward")  # the DeepSpeed and frozen roles, one rank per bundle
 MemoryEstimate = tuple[MemoryPlan | None, str | None]  # the estimate, or why there is none
@@ -50,6 +51,7 @@ class RunPlan:
     engines: EngineLayout
     sync_transport: str
     sleep: SleepModes
+    switches: dict[str, str]  # each of `switches.SWITCHES` as it applies: its ds.* field, else its variable
     gpu_total_gib: float | None = None  # the GPU the memory was estimated for; None: not estimated
     memory: MemoryPlan | None = None
     memory_error: str | None = None  # why there is no estimate on a GPU run (an unknown model shape)
@@ -119,9 +121,10 @@ def run_plan(cfg: RunConfig, gpu_total_gib: float | None = None) -> RunPlan:
     engines = engines_from(cfg, first_bundle=slots["rollout"][0])
     sleep = SleepModes(vllm_level=cfg.vllm.sleep_level if cfg.vllm.enable_sleep else None,
                        deepspeed=cfg.ds.enable_sleep)
+    switches = switch_values({name: getattr(cfg.ds, name) for name in SWITCHES})
     memory, memory_error = _memory(cfg, placement, gpu_total_gib)
     return RunPlan(placement=placement, blocks=blocks, rows=_rows(cfg, placement, slots, engines.num_engines),
-                   engines=engines, sync_transport=placed_transport(cfg, placement), sleep=sleep,
+                   engines=engines, sync_transport=placed_transport(cfg, placement), sleep=sleep, switches=switches,
                    gpu_total_gib=gpu_total_gib, memory=memory, memory_error=memory_error)
 
 

@@ -43,7 +43,8 @@ class CriticWorker:
         pad_id = load_tokenizer(args.model_path).pad_token_id
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds, args.num_ranks)  # pinned while the model loads
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
-                                 attn_implementation_for(args.ds.packing_samples, args.ds.ring_attn_size > 1),
+                                 attn_implementation_for(args.ds.packing_samples, args.ds.ring_attn_size > 1,
+                                                         args.ds.packed_attention),
                                  args.ds.use_liger_kernel)
         self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id,
                                            sleep_buffer)

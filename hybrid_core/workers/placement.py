@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
+from hybrid_core.switches import SWITCHES
 from hybrid_core.types import RunRef
 from hybrid_core.workers.faults import Fault, parse_faults
 
@@ -75,7 +76,9 @@ def free_port() -> int:
 # The object store's and W&B's settings travel from the driver to every worker through Ray's runtime env (a
 # cluster's workers do not share its environment). Secrets do not: Ray's runtime-env agent logs runtime envs in
 # plain text, so they go as a constructor argument each worker puts into its own environment first (`deferred`).
-FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL")
+# The switches' variables stand in for `ds.*` fields left unset (`switches`): the driver's reach every worker.
+FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL",
+                 *(switch.env for switch in SWITCHES.values()))
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY")
 
 

@@ -91,7 +91,8 @@ def train_batching(cfg: RunConfig) -> MicroBatching:
     t = cfg.train
     return MicroBatching(num_samples=t.micro_batch_size,
                          max_tokens=t.max_tokens_per_gpu * cfg.ds.ring_attn_size if t.dynamic_batch_enable else None,
-                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
+                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens,
+                         logprob_kernel=cfg.ds.logprob_kernel, packed_attention=cfg.ds.packed_attention)
 
 
 def forward_batching(cfg: RunConfig) -> MicroBatching:
@@ -100,7 +101,8 @@ def forward_batching(cfg: RunConfig) -> MicroBatching:
     budget = (cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
-                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
+                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens,
+                         logprob_kernel=cfg.ds.logprob_kernel, packed_attention=cfg.ds.packed_attention)
 
 
 def ring_settings(cfg: RunConfig) -> RingSettings:

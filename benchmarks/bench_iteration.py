@@ -6,7 +6,10 @@ vLLM, DeepSpeed, a Python reward), timed per stage, and the memory plan's peak c
   (step 1 warms up). Overhead = vLLM sleep + wake + DeepSpeed sleep + wake + sync + orchestration (wall − stages).
   Each step's generation against its decode roofline (issue 17: ≥ 60% in every step), from its committed rollout
   and the device copy bandwidth measured once the run has left the GPU. The machine's counters over each step's
-  rollout and train stages (`host_counters`), to tell a slow machine from slow code.
+  rollout and train stages (`host_counters`), to tell a slow machine from slow code. The GPU's memory peak
+  (`nvidia-smi`, over the run and each stage of each step) against `hybrid plan`'s estimate for the same config,
+  phase by phase, and the host's memory peak over the baseline before the run (/proc/meminfo).
+  The config is benchmarks/configs/h200-iteration.yaml (1.7B stand-in) unless another is named, e.g. h200-grpo-4b.
 - memory: two configurations, one where vLLM's reservation sets the peak and one where DeepSpeed's training does;
   the measured peak is the largest `memory.used` that `nvidia-smi -lms 50` reports during the run (a sampler that
   opens no CUDA context of its own), against `hybrid plan`'s estimate for the same configuration.
@@ -22,13 +25,16 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from host_counters import CounterSampler, GpuMemorySampler, stage_windows, window_means
+from host_counters import (CounterSampler, GpuMemorySampler, HostMemorySampler, stage_windows, window_means,
+                           window_peak)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "benchmarks" / "configs"
 OVERHEAD_KEYS = ("timing_s/vllm_wake", "timing_s/vllm_sleep", "timing_s/ds_wake", "timing_s/ds_sleep", "timing_s/sync")
 WITHIN_SYNC_KEYS = ("timing_s/ds_sleep_wait",)  # part of the sync's seconds: DeepSpeed's sleep copy ending there
 STAGES = ("rollout", "reward", "advantage", "train", "sync")
+ITERATION_CONFIG = "h200-iteration"
+PLAN_PHASE_OF_STAGE = {"rollout": "rollout", "advantage": "experience", "train": "train"}  # memory_plan's phases
 
 
 def run_train(config: Path, model_dir: Path, root: Path, run_id: str, *flags: str, timeout_s: float = 540) -> Path:
@@ -76,23 +82,100 @@ def step_walls(run_dir: Path) -> dict[int, float]:
 
 
 def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...] = (),
-                    measure_copy_gbps: Callable[[], float] | None = None) -> None:
+                    measure_copy_gbps: Callable[[], float] | None = None, config_name: str = ITERATION_CONFIG,
+                    gpu_total_gib: float | None = None) -> None:
     """Figures from the steps the run committed, even when it was cut off (then from fewer steps); `flags` are
-    extra `hybrid train` flags (recorded in the results). `measure_copy_gbps` (run once the run has ended and left
-    the GPU) gives the device copy bandwidth of the generation's roofline."""
+    extra `hybrid train` flags (recorded in the results), `config_name` the benchmarks/configs/ file (no `.yaml`).
+    `measure_copy_gbps` (run once the run has ended and left the GPU) gives the device copy bandwidth of the
+    generation's roofline; `gpu_total_gib` (the GPU's size) lets the memory plan's estimate sit beside the peak."""
     run_dir = root / "runs" / "iteration"
+    config = CONFIGS / f"{config_name}.yaml"
     results.data["meta"]["iteration_flags"] = list(flags)
+    results.data["meta"]["iteration_config"] = str(config.relative_to(REPO_ROOT))
+    if gpu_total_gib is not None:
+        results.section("iteration_plan", lambda: _plan_figures(results, config, model_dir, flags, gpu_total_gib))
     sampler = CounterSampler()
+    gpu_memory = GpuMemorySampler()
+    host_memory = HostMemorySampler()
     try:
-        run_train(CONFIGS / "h200-iteration.yaml", model_dir, root, "iteration", *flags)
+        run_train(config, model_dir, root, "iteration", *flags)
     finally:
         samples = sampler.stop()
+        gpu_peak_gib, gpu_samples = gpu_memory.stop()
+        host_peak_gib = host_memory.stop()
         if (run_dir / "events.jsonl").is_file():
             rows = step_rows(run_dir)
             _iteration_figures(results, run_dir, rows)
             _counter_figures(results, run_dir, samples)
+            _gpu_memory_figures(results, run_dir, gpu_peak_gib, gpu_samples, gpu_memory.timeline)
+            _host_memory_figures(results, run_dir, host_memory, host_peak_gib)
             if measure_copy_gbps is not None:
                 _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps())
+
+
+def _plan_figures(results, config: Path, model_dir: Path, flags: tuple[str, ...], gpu_total_gib: float) -> None:
+    """`hybrid plan`'s estimate for the run's config and flags: the peak, each phase's total and its notes (the
+    host memory that sleeping roles use)."""
+    from hybrid_core.flags import parse_cli
+    from hybrid_core.plan.memory import estimate_memory
+
+    cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir), *flags])
+    plan = estimate_memory(cfg, gpu_total_gib)
+    phases = {phase.name: phase.total_gib for phase in plan.phases}
+    results.figure("iteration_plan_peak_gib", plan.peak_gib, trials=phases,
+                   note=f"hybrid plan for a {gpu_total_gib} GiB GPU: phase {plan.peak_phase.name}, largest term "
+                        f"{plan.largest_term.name}; trials: each phase's total; notes: {'; '.join(plan.notes)}")
+
+
+def stage_peaks(events: list[dict], timeline: list[tuple[float, float]],
+                stages: tuple[str, ...] = STAGES) -> dict[int, dict[str, float]]:
+    """step → stage → the largest value of a (time, GiB) timeline within that stage's window (stages with no
+    sample in their window are left out)."""
+    per_step: dict[int, dict[str, float]] = {}
+    for stage in stages:
+        for step, (start, end) in stage_windows(events, stage).items():
+            peak = window_peak(timeline, start, end)
+            if peak is not None:
+                per_step.setdefault(step, {})[stage] = peak
+    return dict(sorted(per_step.items()))
+
+
+def timed_phase_peaks(per_step: dict[int, dict[str, float]]) -> dict[str, float]:
+    """The memory plan's phase → the largest peak of its stage over the timed steps (2 and later)."""
+    peaks = {}
+    for stage, phase in PLAN_PHASE_OF_STAGE.items():
+        values = [stages[stage] for step, stages in per_step.items() if step >= 2 and stage in stages]
+        if values:
+            peaks[phase] = max(values)
+    return peaks
+
+
+def _gpu_memory_figures(results, run_dir: Path, peak_gib: float, samples: int,
+                        timeline: list[tuple[float, float]]) -> None:
+    per_step = stage_peaks(read_events(run_dir), timeline)
+    results.figure("iteration_gpu_peak_gib", peak_gib, trials=per_step,
+                   note=f"the largest nvidia-smi memory.used of the whole run, start-up included ({samples} samples "
+                        f"at 50 ms); trials: each step's stages' peaks")
+    phase_peaks = timed_phase_peaks(per_step)
+    results.figure("iteration_gpu_phase_peak_gib", phase_peaks,
+                   note="steps 2 and later: the largest peak of the rollout, advantage (the plan's experience) and "
+                        "train stages")
+    plan = results.data["figures"].get("iteration_plan_peak_gib")
+    if plan is None or not phase_peaks:
+        return
+    measured = max(phase_peaks.values())
+    results.figure("iteration_plan_vs_measured", plan / measured - 1,
+                   note="the plan's peak over the largest stage peak of steps 2 and later, less 1 (within ±0.15 is "
+                        "issue 48's bar)")
+
+
+def _host_memory_figures(results, run_dir: Path, sampler: HostMemorySampler, peak_gib: float) -> None:
+    per_step = stage_peaks(read_events(run_dir), sampler.timeline)
+    results.figure("iteration_host_peak_gib", peak_gib, trials=per_step,
+                   note=f"the host's memory in use (MemTotal - MemAvailable, the whole machine), largest of "
+                        f"{len(sampler.timeline)} samples at 100 ms; trials: each step's stages' peaks")
+    results.figure("iteration_host_baseline_gib", sampler.baseline_gib, note="in use before the run started")
+    results.figure("iteration_host_peak_over_baseline_gib", peak_gib - sampler.baseline_gib)
 
 
 def stage_counters(events: list[dict], samples: list,

@@ -2,7 +2,9 @@
 GPU memory's peak (`GpuMemorySampler`, for the memory plan's check), and, to tell a slow machine from slow code
 (issue 17: the same rollout took 8.1 s in one step and 9.7 s in the next, s32), the GPU's utilization, SM and memory
 clocks and power draw with the host's CPU busy fraction (/proc/stat between two samples), each sample stamped with
-the wall clock (`CounterSampler`), and their means over a stage's window from a run's events.jsonl.
+the wall clock (`CounterSampler`), and their means over a stage's window from a run's events.jsonl. The host's
+memory in use (`HostMemorySampler`, /proc/meminfo's MemTotal − MemAvailable, every process of the machine together:
+DeepSpeed's pinned buffers, Ray's object store, the workers' heaps) with its peak over the run and each stage.
 
 It knows nothing about what runs meanwhile.
 """
@@ -78,15 +80,18 @@ class NvidiaSmiSampler:
 
 
 class GpuMemorySampler(NvidiaSmiSampler):
-    """Largest GPU memory in use (MiB) while running, sampled every 50 ms."""
+    """Largest GPU memory in use (MiB) while running, sampled every 50 ms; `timeline` keeps every sample as
+    (wall-clock time, GiB), for the peaks of a run's stages (`window_peak`)."""
 
     def __init__(self):
         self.peak_mib, self.samples = 0, 0
+        self.timeline: list[tuple[float, float]] = []
         super().__init__("memory.used", interval_ms=50)
 
     def take(self, line: str) -> None:
         if line.strip().isdigit():
             self.peak_mib, self.samples = max(self.peak_mib, int(line)), self.samples + 1
+            self.timeline.append((time.time(), int(line) / 1024))
 
     def stop(self) -> tuple[float, int]:
         super().stop()
@@ -132,3 +137,48 @@ def window_means(samples: list[tuple[float, dict[str, float]]], start: float, en
         means[name] = sum(reported) / len(reported)
     clocks = [values["sm_mhz"] for values in inside if "sm_mhz" in values]
     return means | ({"sm_mhz_min": min(clocks)} if clocks else {}) | {"samples": len(inside)}
+
+
+def window_peak(timeline: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """The largest value of a (time, value) timeline stamped within [start, end]; None when none fell there."""
+    inside = [value for stamp, value in timeline if start <= stamp <= end]
+    return max(inside) if inside else None
+
+
+def used_gib(meminfo: str) -> float:
+    """The host memory in use, GiB, from /proc/meminfo's text: MemTotal − MemAvailable (page cache that the kernel
+    can drop does not count)."""
+    fields = {}
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        fields[name] = int(rest.split()[0])  # kB
+    return (fields["MemTotal"] - fields["MemAvailable"]) / 2**20
+
+
+def _read_used_gib() -> float:
+    with open("/proc/meminfo") as meminfo:
+        return used_gib(meminfo.read())
+
+
+class HostMemorySampler:
+    """The host memory in use (`used_gib`) every `interval_s` in a background thread until `stop`: `baseline_gib`
+    as it was before the run, `timeline` of (wall-clock time, GiB)."""
+
+    def __init__(self, interval_s: float = 0.1, read=_read_used_gib):
+        self.read, self.interval_s = read, interval_s
+        self.baseline_gib = read()
+        self.timeline: list[tuple[float, float]] = []
+        self._stopped = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self._stopped.is_set():
+            self.timeline.append((time.time(), self.read()))
+            self._stopped.wait(self.interval_s)
+
+    def stop(self) -> float:
+        """Stop sampling; returns the peak seen (the baseline when no sample was taken)."""
+        self._stopped.set()
+        self.thread.join(timeout=5)
+        return max([self.baseline_gib, *(value for _, value in self.timeline)])

@@ -5,7 +5,8 @@ buffers vs DeepSpeed's `offload_states`; vLLM sleep/wake at levels 1 and 2; buck
 vLLM vs one transfer per tensor; rollout generation vs a decode roofline from the device copy bandwidth measured here.
 Issue #7's sections (→ h200-train-<date>.json): `train` (MFU through fit_actor, packed 1.7B and 4B, padded 1.7B),
 `sync4b` (bucketed vs per-tensor sync of the 4B shape), `memory` (plan vs measured peak, two configurations) and
-`iteration` (three colocated `hybrid train` iterations, seconds per stage).
+`iteration` (three colocated `hybrid train` iterations, seconds per stage, GPU and host memory peaks; the config
+benchmarks/configs/NAME.yaml of --iteration-config, default h200-iteration).
 Issue #18's `long_context` (needs --model-4b): one 74,240-token sample of the 4B shape trained on the GPU (ZeRO-2,
 bf16, checkpointing, sleep) through fit_actor: step time, tokens/s and the device peak against the memory plan.
 Usage (on the GPU machine, repository root on PYTHONPATH):
@@ -97,6 +98,16 @@ def versions() -> dict:
     return found
 
 
+def machine() -> dict:
+    """The machine a results file was measured on: host name, CPU count, host memory (the card is in `versions`)."""
+    from host_counters import used_gib
+
+    meminfo = Path("/proc/meminfo").read_text()
+    total_kib = int(meminfo.split("MemTotal:")[1].split()[0])
+    return {"host": platform.node(), "cpus": os.cpu_count(), "ram_gib": round(total_kib / 2**20, 1),
+            "ram_in_use_gib_at_start": round(used_gib(meminfo), 1)}
+
+
 def device_copy_gbps() -> float:
     """Device copy bandwidth, bytes read + written: one 2 GiB bf16 device-to-device copy, median of 20."""
     import torch
@@ -174,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iteration-flag", action="append", default=[], metavar="--FLAG=VALUE",
                         help="an extra `hybrid train` flag for the iteration run, written with `=`: "
                              "--iteration-flag=--ds.packing_samples=false")
+    parser.add_argument("--iteration-config", default="h200-iteration", metavar="NAME",
+                        help="the iteration run's config, benchmarks/configs/NAME.yaml (h200-grpo-4b: the 4B GRPO "
+                             "shape of issue 48; give --model its 4B stand-in)")
     parser.add_argument("--profile-train", action="store_true",
                         help="after the timed 1.7B packed steps, profile one more and print its busiest operators")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/hybrid-bench"), help="runs of the product")
@@ -181,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with our load function
     results = Results(args.out, {"git_sha": args.git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
-                                 "versions": versions(), "model": str(args.model), "shape": model_shape(args.model)})
+                                 "versions": versions(), "machine": machine(), "model": str(args.model),
+                                 "shape": model_shape(args.model)})
     sections = args.only.split(",")
     needs_anchors = {"anchors", "train", "train1p7b", "train1p7b_torch_head", "train4b", "train_liger",
                      "long_context", "logprob_kernel"} & set(sections) \
@@ -267,9 +282,12 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
     if "iteration" in sections:
         from bench_iteration import bench_iteration
 
+        gpu_total_gib = results.data["meta"]["versions"].get("gpu_total_gib")
         results.section("iteration", lambda: bench_iteration(results, args.model, args.work_dir,
                                                              tuple(args.iteration_flag),
-                                                             measure_copy_gbps=device_copy_gbps))
+                                                             measure_copy_gbps=device_copy_gbps,
+                                                             config_name=args.iteration_config,
+                                                             gpu_total_gib=gpu_total_gib))
 
 if __name__ == "__main__":
     started = time.perf_counter()

@@ -15,7 +15,7 @@ USAGE = """usage: hybrid train [--run_id ID] [--config FILE.yaml] [--<namespace>
        hybrid plan [--config FILE.yaml] [flags]
        hybrid rollouts RUN_DIR [--step K] [--stage rollout|reward|advantage|metrics] [--head N]
        hybrid deploy
-       hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] [--path /get_reward]
+       hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] [--path /get_reward] [--max-body-mib 16]
 
   train   run the rl-train flow (refuses unimplemented flags and missing hardware first)
   plan    validate the configuration and print the placement and per-GPU memory, without starting anything
@@ -171,24 +171,43 @@ def deploy_command(argv: list[str]) -> int:
     return subprocess.run([str(prefect), "--no-prompt", "deploy", "--all", *argv], cwd=root).returncode
 
 
-SERVE_REWARD_USAGE = "usage: hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] [--path /get_reward]"
+SERVE_REWARD_USAGE = ("usage: hybrid serve-reward --reward-func FILE.py --port P [--host 127.0.0.1] "
+                      "[--path /get_reward] [--max-body-mib 16]")
+
+
+def _serve_options(options: dict):
+    """ServeOptions from the parsed `--flag VALUE` strings, or the refusal."""
+    from hybrid_core.rewards.reward_server import ServeOptions
+
+    port, max_body = options["--port"], options["--max-body-mib"]
+    if not port.isdigit() or int(port) > 65535:
+        return None, f"hybrid serve-reward: --port must be a port number 0-65535: got {port!r}"
+    try:
+        max_body_mib = float(max_body)
+    except ValueError:
+        max_body_mib = 0.0
+    if not 0 < max_body_mib < float("inf"):  # NaN too
+        return None, f"hybrid serve-reward: --max-body-mib must be a number of MiB > 0: got {max_body!r}"
+    return ServeOptions(host=options["--host"], port=int(port), path=options["--path"], max_body_mib=max_body_mib), None
 
 
 def serve_reward_command(argv: list[str]) -> int:
     """Serve a reward file as an OpenRLHF reward server until interrupted (port 0: a free port, printed)."""
-    from hybrid_core.rewards.reward_server import DEFAULT_HOST, DEFAULT_PATH, serve
+    from hybrid_core.rewards.reward_server import DEFAULT_HOST, DEFAULT_MAX_BODY_MIB, DEFAULT_PATH, serve
 
-    options = {"--reward-func": None, "--port": None, "--host": DEFAULT_HOST, "--path": DEFAULT_PATH}
+    options = {"--reward-func": None, "--port": None, "--host": DEFAULT_HOST, "--path": DEFAULT_PATH,
+               "--max-body-mib": f"{DEFAULT_MAX_BODY_MIB:g}"}
     rest = list(argv)
     for flag in options:
         value, rest = _take(rest, flag)
         options[flag] = value if value is not None else options[flag]
     if rest or options["--reward-func"] is None or options["--port"] is None:
         return _fail(f"{SERVE_REWARD_USAGE}\n(got: {' '.join(argv) or 'no arguments'})")
-    if not options["--port"].isdigit() or int(options["--port"]) > 65535:
-        return _fail(f"hybrid serve-reward: --port must be a port number 0-65535: got {options['--port']!r}")
+    settings, error = _serve_options(options)
+    if error:
+        return _fail(error)
     try:
-        serve(options["--reward-func"], host=options["--host"], port=int(options["--port"]), path=options["--path"])
+        serve(options["--reward-func"], settings)
     except (FileNotFoundError, ValueError, SyntaxError, ImportError, OSError) as err:
         return _fail(f"hybrid serve-reward cannot start: {type(err).__name__}: {err}")
     except KeyboardInterrupt:

@@ -1,10 +1,14 @@
 """The `rl-train` flow: take the run directory's lease, open (or resume) the run, start or re-attach its workers,
-run the remaining steps (each its stage tasks), export the final policy, stop the workers."""
+run the remaining steps (each its stage tasks), export the final policy, stop the workers.
+
+Called in Python, `rl_train(cfg=...)` validates a dict `cfg` before Prefect creates the flow run (`ConfigFlow`);
+a deployment run's parameters are checked by the server against the flow's schema before they are stored.
+"""
 from __future__ import annotations
 
 import time
 
-from prefect import flow, get_client
+from prefect import Flow, get_client
 from prefect.runtime import flow_run
 
 from flows.credentials import export_store_credentials, export_wandb_key
@@ -12,6 +16,7 @@ from flows.reporting import RunReport
 from flows.rl_step import rl_step
 from flows.run_names import default_run_id
 from hybrid_core.config import RunConfig
+from hybrid_core.flags import config_from_dict
 from hybrid_core.types import RunRef, RunSummary, WorkersStarted
 from tasks.stages import committed_rows, samples, step_tasks
 from tasks.workers import (RunDirectoryLease, hold_run_dir, open_run, preflight, run_ref, save_model, start_workers,
@@ -45,8 +50,17 @@ def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDi
     save_model(run, workers.model_uri)
 
 
-@flow(name="rl-train", log_prints=True)
-def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
+class ConfigFlow(Flow):
+    """A flow whose `cfg` is a RunConfig before Prefect creates the flow run. Prefect stores a call's parameters as
+    given and, when its own validation refuses them, logs them whole, so a W&B key inside a dict would be kept in
+    its database and printed: a dict is validated here instead (one ConfigError naming every problem, never the
+    key), and a RunConfig is stored as its model_dump. Runs from a deployment do not pass through `__call__`."""
+
+    def __call__(self, cfg: RunConfig | dict, *args, **kwargs):
+        return super().__call__(config_from_dict(cfg) if isinstance(cfg, dict) else cfg, *args, **kwargs)
+
+
+def train_run(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -> RunSummary:
     """Train the policy on `cfg`; an existing `run_id` (or `resume`) continues that run without redoing its work."""
     run, started = run_ref(cfg, run_id or default_run_id(cfg)), time.perf_counter()
     if cfg.store.credentials_block:
@@ -68,3 +82,6 @@ def rl_train(cfg: RunConfig, run_id: str | None = None, resume: bool = False) ->
             stop_workers(run)
     print(f"done in {time.perf_counter() - started:.0f}s; the run's data is in {run.run_dir}")
     return RunSummary(run_id=run.run_id, run_dir=run.run_dir, num_steps=workers.num_steps, model_uri=workers.model_uri)
+
+
+rl_train = ConfigFlow(train_run, name="rl-train", log_prints=True)

@@ -2,7 +2,7 @@
 
 Prints one summary line per committed step (rows, reward, response length, KL and eval pass@1 from the metrics rows,
 step 0 being the initial evaluation), then the first N rows of one stage of one step (default: the rollouts of the
-last step). Reads the Arrow datasets with pyarrow and fsspec directly (through the run store, which refuses a
+last step); an agent's rollout rows are followed by their episodes, turn by turn. Reads the Arrow datasets with pyarrow and fsspec directly (through the run store, which refuses a
 damaged manifest clearly), locally or on s3://, so it works on a run whose workers are long gone.
 """
 from __future__ import annotations
@@ -77,5 +77,21 @@ def rollouts_command(argv: list[str]) -> int:
     table = _table(fs, root, step, opts["stage"]).slice(0, opts["head"])
     print(f"\n{opts['stage']} of step {step} (first {table.num_rows} rows):")
     for row in table.to_pylist():
+        turns = row.pop("turns", None)
         print("  " + " | ".join(f"{k}={_cell(v)}" for k, v in row.items()))
+        for line in _turn_lines(json.loads(turns) if turns else []):
+            print("      " + line)
     return 0
+
+
+def _turn_lines(turns: list[dict]) -> list[str]:
+    """An agent episode turn by turn: each action and the environment's answer, with their spans of response_ids
+    (the feedback as the environment gave it; `cut` when max_len cut its tokens)."""
+    lines = []
+    for number, turn in enumerate(turns, start=1):
+        (a, b), (c, d) = turn["action"], turn["feedback"]
+        cut = " (cut at max_len)" if turn.get("feedback_truncated") else ""
+        lines.append(f"turn {number}: action [{a}, {b}) {_cell(turn.get('action_text', ''))!r} → reward "
+                     f"{turn['reward']:.4f} score {turn['score']:.4f}{' done' if turn['done'] else ''}")
+        lines.append(f"        feedback [{c}, {d}) {_cell(turn.get('feedback_text', ''))!r}{cut}")
+    return lines

@@ -14,6 +14,8 @@ from pydantic.fields import FieldInfo
 
 from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, MuonConfig,  # noqa: F401 (re-exported)
                                        OptimizerFields)
+from hybrid_core.config_outputs import (LoggerConfig, StoreConfig, WandbConfig,  # noqa: F401 (re-exported)
+                                        WANDB_KEY_SCHEMA)
 from hybrid_core.switches import LogprobKernel, PackedAttention, WakeCopy
 
 
@@ -58,8 +60,8 @@ class RefConfig(ConfigBlock):
 class RewardConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"remote_url", "clip_range", "overlong_buffer_len", "overlong_penalty_factor", "stop_properly_penalty_coef",
-         "timeout_s", "max_retries", "remote_batch_size", "model_name_or_path", "num_nodes", "num_gpus_per_node",
-         "offload", "normalize_enable"})
+         "timeout_s", "max_retries", "retry_budget_s", "probe_timeout_s", "remote_batch_size", "model_name_or_path",
+         "num_nodes", "num_gpus_per_node", "offload", "normalize_enable"})
     model_name_or_path: str | None = Field(None, description="reward model (a local dir: backbone + value head)")
     remote_url: str | None = Field(None, description="HTTP URL(s), comma-separated, or a .py reward_func file")
     num_nodes: int = Field(1, gt=0, description="nodes for the reward model")
@@ -72,6 +74,8 @@ class RewardConfig(ConfigBlock):
     stop_properly_penalty_coef: float | None = Field(None, description="ProRL truncation penalty")
     timeout_s: float = Field(180.0, gt=0, description="PROJECT: timeout of one remote reward call")
     max_retries: int = Field(5, ge=0, description="PROJECT: retries of one remote reward call")
+    retry_budget_s: float = Field(30.0, ge=0, description="PROJECT: seconds a failing remote reward call is retried")
+    probe_timeout_s: float = Field(10.0, ge=0, description="PROJECT: start-up probe of each reward URL (0: none)")
     remote_batch_size: int = Field(32, gt=0, description="PROJECT: samples per POST to a remote reward server")
 
 
@@ -211,7 +215,8 @@ class TrainConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"batch_size", "micro_batch_size", "max_epochs", "num_episodes", "seed", "dynamic_batch_enable",
         "max_tokens_per_gpu", "colocate_all", "colocate_actor_ref", "colocate_critic_reward", "max_steps", "device",
-        "stage_timeout_s", "stage_retries", "retry_delay_s"})
+        "stage_timeout_s", "stage_retries", "retry_delay_s", "agent_func_path", "agent_step_timeout_s",
+        "agent_skip_failed"})
     batch_size: int = Field(128, gt=0, description="samples per optimizer step")
     micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
     max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
@@ -229,7 +234,9 @@ class TrainConfig(ConfigBlock):
     partial_rollout_enable: bool = Field(False, description="partial rollouts (async)")
     enable_ema: bool = Field(False, description="EMA of the actor")
     ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay")
-    agent_func_path: str | None = Field(None, description="multi-turn agent .py file")
+    agent_func_path: str | None = Field(None, description="multi-turn agent .py file (class AgentExecutor)")
+    agent_step_timeout_s: float = Field(60.0, gt=0, description="PROJECT: seconds an agent's reset or step may take")
+    agent_skip_failed: bool = Field(False, description="PROJECT: drop a sample whose environment failed (agent/failed)")
     max_steps: int | None = Field(None, gt=0, description="PROJECT: cap on steps")
     device: Literal["cuda", "cpu"] = Field("cuda", description="PROJECT: cpu asks Ray for CPU bundles only")
     stage_timeout_s: float = Field(3600.0, gt=0, description="PROJECT: timeout of one stage")
@@ -279,31 +286,6 @@ class CkptConfig(ConfigBlock):
     max_mem: float = Field(1e8, gt=0, description="checkpoint disk budget in GB")
     load_enable: bool = Field(False, description="resume from ckpt.path")
     best_metric_key: str = Field("", description="eval metric of the best checkpoint ('': first eval/*_pass1; 'none')")
-
-
-class WandbConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"key", "secret_block", "org", "group", "project", "run_name"})
-    key: str | None = Field(None, description="`offline` keeps W&B local; an API key is accepted only on the hybrid "
-                            "train command line, which moves it into WANDB_API_KEY (a key here would be stored)")
-    secret_block: str | None = Field(None, description="PROJECT: Prefect Secret block holding the W&B API key")
-    org: str | None = Field(None, description="W&B entity")
-    group: str | None = Field(None, description="W&B group")
-    project: str = Field("openrlhf_train_ppo", description="W&B project")
-    run_name: str | None = Field(None, description="W&B run name")
-
-
-class LoggerConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"logging_steps", "tensorboard_dir"})
-    logging_steps: int = Field(1, gt=0, description="log every N steps")
-    tensorboard_dir: str | None = Field(None, description="TensorBoard directory")
-    wandb: WandbConfig = Field(default_factory=WandbConfig, description="W&B settings")
-
-
-class StoreConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"root", "credentials_block"})
-    root: str = Field("runs", description="PROJECT: run store, a local dir or s3://bucket/prefix")
-    credentials_block: str | None = Field(None, description="PROJECT: Prefect Secret block with the object store's "
-                                          "credentials (JSON: aws_access_key_id, aws_secret_access_key, …)")
 
 
 class RunConfig(ConfigBlock):

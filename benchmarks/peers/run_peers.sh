@@ -12,8 +12,11 @@
 # PEER_SITE (default /tmp/peersite), the Qwen3-1.7B stand-in in MODEL_DIR (default /tmp/m17; ~25 s to build).
 # Environment: GIT_SHA (recorded), MODEL_DIR, PEER_TIMEOUT_S (default 530: each system is cut off there, keeping the
 # steps it finished), HYBRID_FLAGS (flags of `hybrid train` on top of the benchmark config, space-separated, e.g.
-# "--rollout.no_logprobs": give such a run a TAG of its own, so the default run's file stays). One system a device
-# command (each takes 5–7 minutes; the device allows 10), back to back:
+# "--rollout.no_logprobs": give such a run a TAG of its own, so the default run's file stays), ITERATION_CONFIG (a
+# benchmarks/configs/ name without .yaml, default h200-iteration; h200-grpo-4b is issue 48's 4B GRPO shape, which
+# hybrid and trl copy and openrlhf does not), STANDIN (the hub shape MODEL_DIR is built with, default Qwen/Qwen3-1.7B;
+# Qwen/Qwen3-4B for h200-grpo-4b), TRL_FLAGS (extra trl_grpo.py flags, e.g. "--model-dtype bfloat16").
+# One system a device command (each takes 5–7 minutes; the device allows 10), back to back:
 #   payload part 0 (carry .vchunks0): mkdir -p /tmp/vparts && cp .vchunks0/* /tmp/vparts/ &&
 #                                     python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B /tmp/m17 --device cuda
 #   parts 1..N-1 (carry .vchunksK, the last also .peerwheels), as ../shared/gpu/README.md §2; the last one ends with
@@ -30,6 +33,8 @@ MODEL_DIR=${MODEL_DIR:-/tmp/m17}
 LIMIT_S=${PEER_TIMEOUT_S:-530}
 SHA=${GIT_SHA:-unknown}
 PEER_SITE=${PEER_SITE:-/tmp/peersite}
+CONFIG_NAME=${ITERATION_CONFIG:-h200-iteration}
+STANDIN=${STANDIN:-Qwen/Qwen3-1.7B}
 mkdir -p "$OUT_DIR"
 
 source benchmarks/gpu_env.sh \
@@ -47,10 +52,11 @@ sys.exit(V(accelerate.__version__) < V('1.10.1'))" 2>/dev/null || WHEELS="$WHEEL
   touch "$PEER_SITE/.installed"
 fi
 if [ ! -f "$MODEL_DIR/config.json" ]; then
-  python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B "$MODEL_DIR" --device cuda \
+  python3 data/build_tiny_model.py --standin "$STANDIN" "$MODEL_DIR" --device cuda \
     || { echo "[peers] stand-in build failed"; exit 6; }
 fi
-echo "[peers] ready: payload, $(ls -d "$PEER_SITE"/*.dist-info | wc -l) peer wheels in $PEER_SITE, model $MODEL_DIR"
+echo "[peers] ready: payload, $(ls -d "$PEER_SITE"/*.dist-info | wc -l) peer wheels in $PEER_SITE, model $MODEL_DIR," \
+  "config $CONFIG_NAME"
 
 summary() {  # the figures, so the command's output shows them even if its files do not come back
   python3 - "$1" <<'EOF'
@@ -72,14 +78,19 @@ for SYSTEM in "$@"; do
       FLAGS=()
       for FLAG in ${HYBRID_FLAGS:-}; do FLAGS+=("--iteration-flag=$FLAG"); done
       timeout -k 15 $((LIMIT_S + 45)) python3 benchmarks/run_all.py --model "$MODEL_DIR" --only iteration \
-        --work-dir "$WORK" --out "$STEM.json" --git-sha "$SHA" "${FLAGS[@]}" > "$STEM.log" 2>&1
+        --work-dir "$WORK" --out "$STEM.json" --git-sha "$SHA" --iteration-config "$CONFIG_NAME" "${FLAGS[@]}" \
+        > "$STEM.log" 2>&1
       CODE=$?
       cp "$WORK/iteration.log" "$STEM-run.log" 2>/dev/null ;;
     trl)
       PYTHONPATH=$PEER_SITE:$PYTHONPATH timeout -k 15 "$LIMIT_S" python3 benchmarks/peers/trl_grpo.py \
-        --model "$MODEL_DIR" --out "$STEM.json" --git-sha "$SHA" > "$STEM.log" 2>&1
+        --model "$MODEL_DIR" --out "$STEM.json" --git-sha "$SHA" --config "benchmarks/configs/$CONFIG_NAME.yaml" \
+        ${TRL_FLAGS:-} > "$STEM.log" 2>&1
       CODE=$? ;;
-    openrlhf)  # the wrapper kills OpenRLHF's process group at LIMIT_S; `timeout` only backs it up
+    openrlhf)
+      if [ "$CONFIG_NAME" != h200-iteration ]; then
+        echo "[peers] openrlhf copies only h200-iteration's shape, not $CONFIG_NAME"; FAILED=1; continue
+      fi  # the wrapper kills OpenRLHF's process group at LIMIT_S; `timeout` only backs it up
       PYTHONPATH=$PEER_SITE:$PYTHONPATH timeout -k 15 $((LIMIT_S + 40)) python3 benchmarks/peers/openrlhf_ppo.py \
         --model "$MODEL_DIR" --out "$STEM.json" --log "$STEM.log" --timeout-s "$LIMIT_S" --git-sha "$SHA" \
         > "$STEM-wrapper.log" 2>&1

@@ -46,10 +46,11 @@ def record_steps(results, walls: dict[int, float], stages: dict[int, dict[str, f
 
 def open_results(out: Path, *, peer: str, how: str, model_dir: Path, shape, git_sha: str, packages: tuple[str, ...]):
     """A run_all.Results for `peer`, its meta saying how the peer ran (`how`), with which packages and shape."""
-    from run_all import Results, model_shape
+    from run_all import Results, machine, model_shape
 
     meta = {"peer": peer, "how": how, "git_sha": git_sha, "command": " ".join(sys.argv), "date": str(date.today()),
-            "versions": installed_versions(packages), "model": str(model_dir), "shape": model_shape(model_dir),
+            "versions": installed_versions(packages), "machine": machine(), "model": str(model_dir),
+            "shape": model_shape(model_dir),
             "iteration_shape": {key: str(value) if isinstance(value, Path) else value
                                 for key, value in asdict(shape).items()}}
     return Results(out, meta)

@@ -15,7 +15,8 @@ GPU's queued work finished at every boundary:
   optimizer    from `on_pre_optimizer_step` to `on_optimizer_step`
   other        the wall less all of these (gradient clipping, logging, the dataloader)
 Usage (on the GPU machine, wheels from fetch_wheels.sh installed; see run_peers.sh):
-  python3 benchmarks/peers/trl_grpo.py --model DIR --out FILE.json [--git-sha SHA]
+  python3 benchmarks/peers/trl_grpo.py --model DIR --out FILE.json [--git-sha SHA] [--config FILE.yaml]
+  (--config benchmarks/configs/h200-grpo-4b.yaml with the 4B stand-in: issue 48's GRPO shape, group std)
 """
 from __future__ import annotations
 
@@ -30,13 +31,30 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from iteration_shape import IterationShape, read_iteration_shape  # noqa: E402
+from iteration_shape import ITERATION_CONFIG, IterationShape, read_iteration_shape  # noqa: E402
 from step_figures import open_results, record_steps  # noqa: E402
 
 HOW = ("TRL GRPOTrainer in one process: use_vllm, vllm_mode=colocate, vllm_enable_sleep_mode (level 2), fp32 master "
        "weights with bf16 autocast, padded micro-batches, gradient checkpointing, TRL's default vLLM importance "
-       "sampling correction (so the old logprobs are computed), loss_type dapo, scale_rewards batch (group mean, "
-       "batch std: OpenRLHF's reinforce_baseline), beta = our KL coefficient (TRL's k3 estimator as a loss)")
+       "sampling correction (so the old logprobs are computed), loss_type dapo, scale_rewards {scale} ({meaning}), "
+       "beta = our KL coefficient (TRL's k3 estimator as a loss)")
+# our advantage estimator → TRL's scale_rewards and what it means; TRL always subtracts the group's mean
+SCALE_REWARDS = {"reinforce_baseline": ("batch", "group mean, batch std: OpenRLHF's reinforce_baseline"),
+                 "group_norm": ("group", "group mean, group std: OpenRLHF's group_norm")}
+
+
+def scale_rewards(shape: IterationShape) -> str:
+    """TRL's `scale_rewards` for the shape's advantage estimator; refuses one TRL has no match for."""
+    if shape.advantage_estimator not in SCALE_REWARDS:
+        raise ValueError(f"TRL has no advantage like our {shape.advantage_estimator!r}: the peer runs "
+                         f"{', '.join(SCALE_REWARDS)}")
+    return SCALE_REWARDS[shape.advantage_estimator][0]
+
+
+def how_trl_runs(shape: IterationShape) -> str:
+    """HOW with the shape's advantage mapping filled in."""
+    scale, meaning = SCALE_REWARDS[shape.advantage_estimator]
+    return HOW.format(scale=scale, meaning=meaning)
 
 
 def grpo_config_kwargs(shape: IterationShape, output_dir: Path, model_dtype: str = "float32") -> dict:
@@ -49,7 +67,7 @@ def grpo_config_kwargs(shape: IterationShape, output_dir: Path, model_dtype: str
         "num_generations": shape.samples_per_prompt, "max_completion_length": shape.max_new_tokens,
         "temperature": shape.temperature, "top_p": 1.0,
         "learning_rate": shape.lr, "lr_scheduler_type": shape.lr_scheduler, "warmup_steps": 0, "max_grad_norm": 1.0,
-        "beta": shape.kl_coef, "loss_type": "dapo", "scale_rewards": "batch",
+        "beta": shape.kl_coef, "loss_type": "dapo", "scale_rewards": scale_rewards(shape),
         "bf16": shape.param_dtype == "bf16", "gradient_checkpointing": shape.gradient_checkpointing,
         "model_init_kwargs": {"dtype": model_dtype},
         "use_vllm": True, "vllm_mode": "colocate", "vllm_enable_sleep_mode": True,
@@ -230,14 +248,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="results JSON, rewritten after every step")
     parser.add_argument("--git-sha", default=os.environ.get("GIT_SHA", "unknown"))
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/peer-trl"), help="TRL's output_dir")
+    parser.add_argument("--config", type=Path, default=ITERATION_CONFIG,
+                        help="our benchmark config whose shape TRL copies (default: the 1.7B iteration's)")
     parser.add_argument("--model-dtype", default="float32", choices=("float32", "bfloat16"),
                         help="the trained weights' dtype (float32: bf16 autocast over fp32 master weights)")
     args = parser.parse_args(argv)
     if not (args.model / "config.json").is_file():
         raise SystemExit(f"--model {args.model} has no config.json: build the stand-in first "
                          f"(python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B {args.model} --device cuda)")
-    shape = read_iteration_shape()
-    results = open_results(args.out, peer="trl", how=HOW + f"; trained weights {args.model_dtype}",
+    shape = read_iteration_shape(args.config)
+    results = open_results(args.out, peer="trl", how=how_trl_runs(shape) + f"; trained weights {args.model_dtype}",
                            model_dir=args.model, shape=shape, git_sha=args.git_sha,
                            packages=("trl", "accelerate", "datasets"))
     signal.signal(signal.SIGTERM, _cut_off)  # `timeout` ends the run: record why before exiting

@@ -22,6 +22,11 @@ ROLLOUT_SCHEMA = pa.schema([
     ("finish_reason", pa.string()), ("label", pa.string()), ("policy_version", pa.int64()),
     ("data_source", pa.string()),  # the prompt's dataset, as named in data.prompt_dataset
 ])
+# An agent run's rollout rows add the episode: `response_ids` is every token after the prompt (generated and the
+# environment's), `action_mask` 1 on generated tokens, `turns` each turn's spans (of response_ids) and answer.
+AGENT_ROLLOUT_SCHEMA = ROLLOUT_SCHEMA.append(pa.field("action_mask", pa.list_(pa.int8()))) \
+    .append(pa.field("turns", pa.string())).append(pa.field("num_turns", pa.int32())) \
+    .append(pa.field("episode_reward", pa.float32())).append(pa.field("episode_score", pa.float32()))
 REWARD_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("reward", pa.float32()), ("score", pa.float32()),
     ("extra_logs", pa.string()),
@@ -34,6 +39,18 @@ ADVANTAGE_SCHEMA = pa.schema([
 
 def rollout_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+
+
+def agent_rollout_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=AGENT_ROLLOUT_SCHEMA)
+
+
+def action_masks(rollout: pa.Table) -> list[list[int]] | None:
+    """Each sample's action mask (1: a generated token, trained on; 0: the environment's), None for a single-turn
+    rollout, whose every response token is generated."""
+    if "action_mask" not in rollout.column_names:
+        return None
+    return rollout.column("action_mask").to_pylist()
 
 
 def reward_table(keys: list[tuple[int, int]], rewards: list[float], scores: list[float],

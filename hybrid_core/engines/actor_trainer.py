@@ -34,6 +34,7 @@ class TrainSamples:
     ref_logprobs: list[list[float]] | None
     advantages: list[list[float]]
     rollout_logprobs: list[list[float]] | None = None
+    action_mask: list[list[int]] | None = None  # an agent's: 1 on generated tokens, 0 on the environment's
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -45,6 +46,8 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         adv, mask = take(samples.advantages), batch.response_mask
+        if samples.action_mask is not None:  # the environment's tokens carry no loss, KL or IS weight
+            mask = mask * take(samples.action_mask)
         ref = take(samples.ref_logprobs) if samples.ref_logprobs is not None else None
         stored_old = take(samples.old_logprobs) if samples.old_logprobs is not None else None
         rollout = take(samples.rollout_logprobs) if correction is not None else None
@@ -56,7 +59,7 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
             old = stored_old
             if old is None:  # on-policy: the weights that generated the samples are these, so the ratio is exactly 1
                 old = logprobs.detach()
-                update_logprobs.append((share.indices, HostCopy(old, mask)))  # read after the updates
+                update_logprobs.append((share.indices, HostCopy(old, batch.response_mask)))  # read after the updates
             weights = None
             if correction is not None:
                 weights = is_weights(old, rollout, mask, kind=correction.kind, low=correction.low,
@@ -82,16 +85,17 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
                          f"epoch: got {len(samples)} samples, train.batch_size {plan.batch_size}, "
                          f"train.max_epochs {plan.max_epochs}")
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
+    counted = [sum(m) for m in samples.action_mask] if samples.action_mask is not None else None
     update_logprobs: list[tuple[list[int], HostCopy]] = []
     batching = plan.batching
     build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs, batching)
     stats = run_updates(engine, lengths, plan, build_loss, lambda model, batch: response_token_stats(
-        model, batch, batching.logit_chunk_tokens, kernel=batching.logprob_kernel)[0])
+        model, batch, batching.logit_chunk_tokens, kernel=batching.logprob_kernel)[0], counted)
     if not is_on_policy:
         return stats
     rows = {index: row for indices, copy in update_logprobs for index, row in zip(indices, copy.rows())}
     old = _every_rank_rows(engine, rows, len(samples))
-    return stats | kl_figures(old, samples.ref_logprobs or [[] for _ in old], s.kl_estimator)
+    return stats | kl_figures(old, samples.ref_logprobs or [[] for _ in old], s.kl_estimator, samples.action_mask)
 
 
 def _every_rank_rows(engine: DeepSpeedTrainEngine, rows: dict[int, list[float]], num_samples: int):

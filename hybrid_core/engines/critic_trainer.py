@@ -19,6 +19,7 @@ class CriticSamples:
     response_ids: list[list[int]]
     old_values: list[list[float]]
     returns: list[list[float]]
+    action_mask: list[list[int]] | None = None  # an agent's: values are fitted on generated tokens only
 
 
 def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip: float | None,
@@ -26,15 +27,16 @@ def fit_critic(engine: DeepSpeedTrainEngine, samples: CriticSamples, value_clip:
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         old, returns = take(samples.old_values), take(samples.returns)
-        tokens = float(batch.response_mask.sum())
+        mask = batch.response_mask if samples.action_mask is None else batch.response_mask * take(samples.action_mask)
+        tokens = float(mask.sum())
 
         def loss_fn(model):
-            loss, stats = value_loss(response_values(model, batch), old, returns, batch.response_mask,
-                                     clip=value_clip)
+            loss, stats = value_loss(response_values(model, batch), old, returns, mask, clip=value_clip)
             loss = loss * (tokens / share.num_tokens)  # micro-batch token mean → its share of the step's mean
             return loss, {"value_loss": loss.item(), "value_clip_ratio": stats.get("clip_ratio", 0.0)}
 
         return loss_fn, tokens
 
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
-    return run_updates(engine, lengths, plan, build, response_values)
+    counted = [sum(m) for m in samples.action_mask] if samples.action_mask is not None else None
+    return run_updates(engine, lengths, plan, build, response_values, counted)

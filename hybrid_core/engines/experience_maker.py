@@ -16,7 +16,7 @@ import torch
 from hybrid_core.algorithms.experience import (AdvantageSettings, PenaltySettings, apply_length_penalties,
                                                compute_advantages, sequence_mean_kl)
 from hybrid_core.algorithms.losses import masked_mean
-from hybrid_core.data.stage_tables import advantage_table, ragged_column, sample_keys
+from hybrid_core.data.stage_tables import action_masks, advantage_table, ragged_column, sample_keys
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.sequence_batch import MicroBatching, pad
 
@@ -48,10 +48,11 @@ def make_advantage_table(policy: DeepSpeedTrainEngine | None, rollout: pa.Table,
     values = sources.values(prompt_ids, response_ids) if sources.values else None
     lengths = [len(r) for r in response_ids]
     T = max(1, max(lengths))
-    mask = pad([[1.0] * n for n in lengths], T)
-    rewards = apply_length_penalties(
+    masks = action_masks(rollout)  # an agent's: the environment's tokens are no actions (no reward, no advantage)
+    mask = pad(masks if masks is not None else [[1.0] * n for n in lengths], T)
+    rewards = apply_length_penalties(  # length penalties count the generated tokens only
         torch.tensor(reward.column("reward").to_pylist(), dtype=torch.float32),
-        torch.tensor(lengths, dtype=torch.long),
+        mask.sum(dim=1).long(),
         torch.tensor([f == "length" for f in rollout.column("finish_reason").to_pylist()]), penalties)
     padded = {"old_logprobs": pad(old, T) if old is not None else None, "ref_logprobs": pad(ref, T) if ref else None,
               "values": pad(values, T) if values else None}
@@ -64,18 +65,20 @@ def make_advantage_table(policy: DeepSpeedTrainEngine | None, rollout: pa.Table,
     table = advantage_table(keys, columns)
     if old is None:
         return table, {OLD_FROM_UPDATE: 1.0}
-    return table, kl_figures(old, ref or empty, settings.kl_estimator)
+    return table, kl_figures(old, ref or empty, settings.kl_estimator, masks)
 
 
 
-def kl_figures(old: list[list[float]], ref: list[list[float]], kl_estimator: str) -> dict:
+def kl_figures(old: list[list[float]], ref: list[list[float]], kl_estimator: str,
+               masks: list[list[int]] | None = None) -> dict:
     """The step's KL(old ‖ ref): per token over the step, and the mean over sequences of each sequence's token mean
-    (what the adaptive KL controller reads); zero without a reference."""
+    (what the adaptive KL controller reads); zero without a reference. `masks`: an agent's action masks (the
+    environment's tokens count in neither)."""
     from hybrid_core.algorithms.kl import kl_penalty
 
     if not any(ref):
         return {"experience_kl": 0.0, "experience_kl_seq": 0.0}
     T = max(1, max(len(r) for r in old))
-    mask = pad([[1.0] * len(r) for r in old], T)
+    mask = pad(masks if masks is not None else [[1.0] * len(r) for r in old], T)
     kl = kl_penalty(pad(old, T), pad(ref, T), kl_estimator) * mask
     return {"experience_kl": float(masked_mean(kl, mask)), "experience_kl_seq": sequence_mean_kl(kl, mask)}

@@ -81,15 +81,17 @@ def _no_samples_loss(engine: DeepSpeedTrainEngine, per_token_fn: PerTokenForward
 
 
 def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], plan: BatchPlan,
-                build_loss: LossBuilder, per_token_fn: PerTokenForward) -> dict:
+                build_loss: LossBuilder, per_token_fn: PerTokenForward, counted: list[int] | None = None) -> dict:
     """Run every optimizer step of the step's samples; returns per-step losses and token-weighted stat means.
     `per_token_fn(model, batch) -> (B, T)` is the forward the role's loss runs (a placeholder micro-batch runs it).
 
     `lengths`: (prompt tokens, response tokens) of each sample. Data-parallel ranks (`engine.world_size` > 1) each
     pass every sample and the same seed: they shuffle alike, and each trains on its share of every optimizer step
-    while the loss stays one token mean over the whole step.
+    while the loss stays one token mean over the whole step. `counted`: the tokens of each sample the loss counts
+    (an agent's generated ones), when not all of its response.
     """
     n, sequence_lengths = len(lengths), [p + r for p, r in lengths]
+    counted = counted if counted is not None else [r for _, r in lengths]
     totals, weights, last = defaultdict(float), defaultdict(float), {}
     generator = torch.Generator().manual_seed(plan.seed)
     num_steps = 0
@@ -97,8 +99,8 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
         order = torch.randperm(n, generator=generator).tolist()
         for start in range(0, n, plan.batch_size):
             step_idx = order[start:start + plan.batch_size]
-            num_tokens = float(sum(lengths[i][1] for i in step_idx)) or 1.0
-            num_sequences = sum(lengths[i][1] > 0 for i in step_idx) or 1
+            num_tokens = float(sum(counted[i] for i in step_idx)) or 1.0
+            num_sequences = sum(counted[i] > 0 for i in step_idx) or 1
             micro_batches = rank_micro_batches(step_idx, sequence_lengths, plan.batching, engine.data_parallel_rank,
                                                engine.data_parallel_size)
             for m, indices in enumerate(micro_batches):
@@ -107,7 +109,7 @@ def run_updates(engine: DeepSpeedTrainEngine, lengths: list[tuple[int, int]], pl
                     placeholder = _no_samples_loss(engine, per_token_fn, plan.batching.is_packed)
                     last |= engine.train_micro_batch(placeholder, is_boundary)
                     continue
-                sequence_share = sum(lengths[i][1] > 0 for i in indices) / num_sequences
+                sequence_share = sum(counted[i] > 0 for i in indices) / num_sequences
                 share = MicroBatchShare(indices, num_tokens, sequence_share, plan.batching.is_packed)
                 loss_fn, tokens = build_loss(share)
                 stats = engine.train_micro_batch(loss_fn, is_boundary)

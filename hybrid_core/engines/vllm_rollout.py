@@ -193,6 +193,7 @@ class VllmRolloutEngine:
         self.awake = {"weights", "kv_cache"}
         self.weights_discarded = False  # level-2 sleep dropped them: a full weight update must come before generation
         self._pending: list[tuple[str, torch.Tensor]] = []
+        self._turns: set[str] = set()  # agent turns queued in the engine (`submit_turn`)
 
     def generate(self, prompt_ids: Sequence[list[int]], sampling: SamplingSettings,
                  seeds: Sequence[int] | None) -> list[list[Completion]]:
@@ -230,6 +231,38 @@ class VllmRolloutEngine:
         finally:
             core.call_utility("resume_scheduler")
         return self.llm.wait_for_completion(RequestOutput, use_tqdm=use_tqdm)
+
+    def submit_turn(self, request_id: str, token_ids: list[int], sampling: SamplingSettings, max_tokens: int,
+                    seed: int | None) -> None:
+        """Queue one agent turn (one sample of `token_ids`, at most `max_tokens` new tokens); the engine batches it
+        with every other queued turn as it steps (`finished_turns`), so episodes need not wait for each other."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self._check_generation_ready()
+        params = SamplingParams(n=1, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                                logprobs=0 if sampling.logprobs else None, seed=seed, detokenize=False,
+                                flat_logprobs=True, ignore_eos=sampling.ignore_eos,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(token_ids)}, params)
+        self._turns.add(request_id)
+
+    def has_turns(self) -> bool:
+        return bool(self._turns)
+
+    def abort_turns(self) -> None:
+        """Drop every queued turn (a failed episode run leaves none behind for the next stage)."""
+        if self._turns:
+            self.llm.llm_engine.abort_request(sorted(self._turns))
+        self._turns.clear()
+
+    def finished_turns(self) -> list[tuple[str, Completion]]:
+        """One engine step; the turns it finished, with their text decoded."""
+        finished = [out for out in self.llm.llm_engine.step() if out.finished]
+        self._turns.difference_update(out.request_id for out in finished)
+        texts = self.tokenizer.batch_decode([list(out.outputs[0].token_ids) for out in finished],
+                                            skip_special_tokens=True)
+        return [(out.request_id, self._completion(out.outputs[0], text)) for out, text in zip(finished, texts)]
 
     def _check_generation_ready(self) -> None:
         if self.awake != {"weights", "kv_cache"}:

@@ -1,11 +1,12 @@
 """Everything a run must pass before anything starts, as one list of problems: the plan's (unimplemented flags,
-placement, hardware, memory) and the inputs' (the prompt datasets, the reward file, the model directories or hub
-ids, the store root, and the run directory: another configuration under an existing run id, a damaged manifest,
-data without one).
+placement, hardware, memory) and the inputs' (the prompt datasets, the reward file or servers, the model directories
+or hub ids, the store root, and the run directory: another configuration under an existing run id, a damaged
+manifest, data without one).
 
 `hybrid train` runs it before Ray or Prefect start, and the `rl-train` flow runs it again as its first task, so
 every entry point (CLI, deployment, `rl_train()`, a flow-run retry, `ray job submit`) refuses the same problems with
-the same message. Local checks take well under a second. It starts nothing.
+the same message. Local checks take well under a second; a reward server that does not answer its one-sample
+probe, about `reward.probe_timeout_s`. It starts nothing.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from pathlib import Path
 
 from hybrid_core.config import RunConfig
 from hybrid_core.data.eval_tables import eval_metric_keys, metric_key_name
+from hybrid_core.data.hub import dataset_hub_problems, model_hub_problems
 from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
-from hybrid_core.data.hub import dataset_hub_problems, model_hub_problems
 from hybrid_core.plan.refusals import plan_problems
 from hybrid_core.plan.run_plan import RunPlan, run_plan
+from hybrid_core.rewards.remote_http import probe_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
 from hybrid_core.types import PermanentError
 
@@ -80,7 +82,7 @@ def value_head_problems(path: str | None, value_head_prefix: str) -> list[str]:
 
 
 def input_problems(cfg: RunConfig) -> list[str]:
-    """The local inputs can feed the run: dataset rows, the reward file, the model directory."""
+    """The inputs can feed the run: dataset rows, the reward file or servers, the model directory."""
     d, url = cfg.data, cfg.reward.remote_url
     problems = model_problems(cfg.actor.model_name_or_path)
     problems += model_problems(cfg.critic.model_name_or_path, "critic.model_name_or_path")
@@ -102,6 +104,8 @@ def input_problems(cfg: RunConfig) -> list[str]:
             problems += dataset_hub_problems("eval.dataset", source)
     if url and url.endswith(".py"):
         problems += reward_file_problems(url)
+    elif url and url.startswith(("http://", "https://")) and cfg.reward.probe_timeout_s > 0:
+        problems += probe_problems(url, cfg.reward.timeout_s, cfg.reward.probe_timeout_s)
     return problems
 
 

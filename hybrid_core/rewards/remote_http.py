@@ -5,10 +5,12 @@ A step's samples are cut into batches of `reward.remote_batch_size`; each batch 
 round-robin over the URLs that are still live. Every request has a timeout (`reward.timeout_s`). A URL that fails
 with a connection error, a timeout, a 5xx or a 429 is dead for the rest of the call and its batches move to the live
 URLs at once; on the last live URL a batch is retried with exponential back-off (base, 2 × base, 4 × base …) up to
-`reward.max_retries` times, then the call fails naming the URLs, the batch, the retries and the last error. A 4xx
-answer is a permanent refusal. Each answer is checked with the reward function's checks (`score_samples`: a missing
-"rewards", wrong length, NaN/inf, non-numbers), with the URL and the batch's samples named; results are put back in
-sample order, so the rewards do not depend on the concurrency or on which server answered.
+`reward.max_retries` times and within `reward.retry_budget_s` of its first failure, then the call fails naming the
+URLs, the batch, the tries and the last error. A 4xx answer (400, 413, …) is a permanent refusal, with the server's
+reason. Each answer is checked with the reward function's checks (`score_samples`: a missing "rewards", wrong
+length, NaN/inf, non-numbers), with the URL and the batch's samples named; results are put back in sample order, so
+the rewards do not depend on the concurrency or on which server answered. `probe_problems` asks each URL one
+well-formed sample before the run starts (`reward.probe_timeout_s`).
 It knows nothing of Ray, the store or the configuration.
 """
 from __future__ import annotations
@@ -21,13 +23,15 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable
-
-from hybrid_core.rewards.reward_func import RewardBatch, score_samples
+from hybrid_core.rewards.reward_func import RewardBatch, RewardFunctionError, score_samples
 from hybrid_core.types import PermanentError
 
 BACKOFF_BASE_S = 1.0
 MAX_BACKOFF_S = 60.0
+DEFAULT_RETRY_BUDGET_S = 30.0  # reward.retry_budget_s's default
+PROBE_BACKOFF_S = 0.25
+# the probe's one sample: a math-style prompt, a response and its label, as the run sends them
+PROBE_SAMPLE = ("What is 1 + 1?", "What is 1 + 1? The answer is \\boxed{2}.", "2")
 MAX_CONCURRENT_REQUESTS = 16  # batches in flight at once, over all the URLs
 DEFAULT_BATCH_SIZE = 32
 log = logging.getLogger(__name__)
@@ -75,7 +79,7 @@ def post_once(url: str, payload: dict, timeout_s: float, where: str = "a request
         raise ServerFailure(f"HTTP {err.code} {err.reason}{': ' + detail if detail else ''}") from err
     except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as err:
         reason = getattr(err, "reason", err)
-        raise ServerFailure(f"{type(reason).__name__}: {reason} (reward.timeout_s={timeout_s})") from err
+        raise ServerFailure(f"{type(reason).__name__}: {reason}") from err
     try:
         return json.loads(raw)
     except ValueError:
@@ -112,11 +116,13 @@ class RemoteRewardClient:
     """Scores samples on reward servers (comma-separated `urls`), in batches of `batch_size`, concurrently."""
 
     def __init__(self, *, urls: str, timeout_s: float, max_retries: int, batch_size: int = DEFAULT_BATCH_SIZE,
-                 backoff_base_s: float = BACKOFF_BASE_S, max_concurrency: int = MAX_CONCURRENT_REQUESTS):
+                 retry_budget_s: float = DEFAULT_RETRY_BUDGET_S, backoff_base_s: float = BACKOFF_BASE_S,
+                 max_concurrency: int = MAX_CONCURRENT_REQUESTS):
         if batch_size <= 0 or max_concurrency <= 0:
             raise ValueError(f"batch_size and max_concurrency must be > 0: got {batch_size}, {max_concurrency}")
         self.urls, self.timeout_s, self.max_retries = parse_urls(urls), timeout_s, max_retries
         self.batch_size, self.backoff_base_s, self.max_concurrency = batch_size, backoff_base_s, max_concurrency
+        self.retry_budget_s = retry_budget_s
 
     def score(self, queries: list[str], prompts: list[str], labels: list[str], keys: list | None = None) -> RewardBatch:
         """Every sample's reward, in sample order; `keys` (one per sample) name samples in errors."""
@@ -149,8 +155,9 @@ class RemoteRewardClient:
                              labels, keys=keys)
 
     def _send(self, live: _LiveUrls, index: int, payload: dict, where: str) -> tuple[dict | list, str]:
-        """POST to a live URL; a failing URL is dropped while others live, the last one is retried with back-off."""
-        retries = 0
+        """POST to a live URL; a failing URL is dropped while others live, the last one is retried with back-off
+        while tries and budget last (a try started within the budget runs to its timeout)."""
+        retries, deadline = 0, None
         while True:
             url = live.pick(index)
             try:
@@ -158,17 +165,20 @@ class RemoteRewardClient:
             except ServerFailure as err:
                 if live.mark_dead(url, str(err)):
                     continue
-                if retries == self.max_retries:
-                    raise RuntimeError(self._give_up_message(live, url, where, err)) from err
-                time.sleep(min(self.backoff_base_s * 2**retries, MAX_BACKOFF_S))
+                deadline = deadline or time.monotonic() + self.retry_budget_s
+                left = deadline - time.monotonic()
+                if retries == self.max_retries or left <= 0:
+                    raise RuntimeError(self._give_up_message(live, url, where, err, retries + 1)) from err
+                time.sleep(min(self.backoff_base_s * 2**retries, MAX_BACKOFF_S, left))
                 retries += 1
 
-    def _give_up_message(self, live: _LiveUrls, url: str, where: str, err: Exception) -> str:
+    def _give_up_message(self, live: _LiveUrls, url: str, where: str, err: Exception, tries: int) -> str:
         dead = [f"{u} ({live.failures[u]})" for u in self.urls if u != url and u in live.failures]
         others = f"; the other URLs were dead: {', '.join(dead)}" if dead else ""
-        return (f"reward servers failed on {where}: the last live URL {url} failed {self.max_retries + 1} times "
-                f"(reward.max_retries={self.max_retries}, reward.timeout_s={self.timeout_s}){others}; last error: "
-                f"{err}; check the reward servers and their logs, then resume the run (committed stages are kept)")
+        return (f"reward servers failed on {where}: the last live URL {url} failed {tries} times "
+                f"(reward.max_retries={self.max_retries}, reward.retry_budget_s={self.retry_budget_s}, "
+                f"reward.timeout_s={self.timeout_s}){others}; last error: {err}; check the reward servers and their "
+                f"logs, then resume the run (committed stages are kept)")
 
     def __call__(self, queries, prompts, labels, **kwargs) -> dict:
         """The `reward_func(queries, prompts, labels)` interface: {"rewards", "scores", "extra_logs"}."""
@@ -178,6 +188,34 @@ class RemoteRewardClient:
         return {"rewards": batch.rewards, "scores": batch.scores, "extra_logs": extra}
 
 
-def remote_reward_func(urls: str, timeout_s: float, max_retries: int, batch_size: int = DEFAULT_BATCH_SIZE) -> Callable:
-    """A `reward_func(queries, prompts, labels)` that asks the reward server(s)."""
-    return RemoteRewardClient(urls=urls, timeout_s=timeout_s, max_retries=max_retries, batch_size=batch_size)
+def probe_problem(url: str, timeout_s: float, window_s: float) -> str | None:
+    """Why `url` cannot score (None when it can): one well-formed sample POSTed, connection errors, timeouts and 5xx
+    tried again for `window_s` (a server started with the run may still be binding its port), and the answer checked
+    as the run's answers are. A server that accepts but never answers fails after about twice `window_s`."""
+    prompt, query, label = PROBE_SAMPLE
+    try_timeout_s = min(timeout_s, window_s)
+    # the window, not a count, bounds the tries
+    client = RemoteRewardClient(urls=url, timeout_s=try_timeout_s, max_retries=10**6, batch_size=1,
+                                retry_budget_s=window_s, backoff_base_s=PROBE_BACKOFF_S, max_concurrency=1)
+    started = time.monotonic()
+    try:
+        client.score([query], [prompt], [label])
+    except (RewardRequestRefused, RewardAnswerError, RewardFunctionError) as err:
+        return f"reward.remote_url {url} failed the start-up probe (one sample POSTed): {err}; fix the server"
+    except RuntimeError as err:
+        last = err.__cause__ if isinstance(err.__cause__, ServerFailure) else err
+        fix = ("the server is up but fails a well-formed sample: check its log" if str(last).startswith("HTTP ")
+               else "start the server (hybrid serve-reward --reward-func FILE.py --port P) or fix the URL")
+        return (f"reward.remote_url {url} does not answer: a one-sample probe failed for "
+                f"{time.monotonic() - started:.1f} s (reward.probe_timeout_s={window_s}, each try waiting up to "
+                f"{try_timeout_s} s): {last}; {fix}; --reward.probe_timeout_s S waits longer for a server still "
+                "starting, 0 skips the probe")
+    return None
+
+
+def probe_problems(urls: str, timeout_s: float, window_s: float) -> list[str]:
+    """`probe_problem` of every URL in `urls` (comma-separated), concurrently; empty when all answer."""
+    endpoints = parse_urls(urls)
+    with ThreadPoolExecutor(max_workers=len(endpoints), thread_name_prefix="reward-probe") as pool:
+        answers = list(pool.map(lambda url: probe_problem(url, timeout_s, window_s), endpoints))
+    return [problem for problem in answers if problem]

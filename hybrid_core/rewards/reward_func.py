@@ -156,7 +156,7 @@ def _binds_reward_func(tree: ast.Module) -> bool:
     return False
 
 
-def _missing_modules(tree: ast.Module) -> list[str]:
+def missing_modules(tree: ast.Module) -> list[str]:
     """Top-level imports of the file that are not installed (found without importing them)."""
     names = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module for node in tree.body if isinstance(node, ast.ImportFrom) and node.module and not node.level]
@@ -179,7 +179,7 @@ def reward_file_problems(path: str) -> list[str]:
     if not _binds_reward_func(tree):
         problems.append(f"reward.remote_url {path!r} defines no reward_func; add def reward_func(queries, prompts, "
                         "labels, **kwargs) returning {'rewards': …}")
-    if missing := _missing_modules(tree):
+    if missing := missing_modules(tree):
         problems.append(f"reward.remote_url {path!r} imports {', '.join(missing)}, which is not installed here; "
                         "install it in the run's environment")
     return problems

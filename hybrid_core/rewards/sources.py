@@ -9,6 +9,7 @@ It knows nothing of Ray, the store or generation.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -32,6 +33,7 @@ class RewardSourceSpec:
     remote_url: str | None
     timeout_s: float
     max_retries: int
+    retry_budget_s: float
     remote_batch_size: int = DEFAULT_BATCH_SIZE
 
 
@@ -82,6 +84,25 @@ class RewardModelSource:
         return RewardBatch(rewards=rewards, scores=list(rewards), extra_logs=extra)
 
 
+class EpisodeRewardSource:
+    """An agent's episodes, bound to one step's rollout: each sample's reward is the sum of its turns' rewards and
+    its score the last turn's, as the rollout committed them; its extra logs are the last turn's and the turn
+    count. Nothing is called again: a resumed run scores committed episodes without their environments."""
+
+    name = "agent episodes"
+
+    def __init__(self, rewards: list[float], scores: list[float], turns: list[str]):
+        self.rewards, self.scores, self.turns = rewards, scores, turns
+
+    def score(self, queries: list[str], prompts: list[str], labels: list[str], keys: list) -> RewardBatch:
+        assert len(keys) == len(self.rewards), (len(keys), len(self.rewards))
+        extra = []
+        for turns_json in self.turns:
+            turns = json.loads(turns_json)
+            extra.append({**(turns[-1]["extra_logs"] if turns else {}), "num_turns": float(len(turns))})
+        return RewardBatch(rewards=list(self.rewards), scores=list(self.scores), extra_logs=extra)
+
+
 def open_reward_source(spec: RewardSourceSpec) -> RewardSource | None:
     """The source `reward.remote_url` names: http(s) URLs (comma-separated) or a `.py` file defining reward_func;
     None without one (the reward model's source is bound to each step's samples: `RewardModelSource`)."""
@@ -89,7 +110,7 @@ def open_reward_source(spec: RewardSourceSpec) -> RewardSource | None:
     if url is None:
         return None
     if url.startswith(("http://", "https://")):
-        return RemoteRewardSource(url, RemoteRewardClient(urls=url, timeout_s=spec.timeout_s,
-                                                          max_retries=spec.max_retries,
-                                                          batch_size=spec.remote_batch_size))
+        client = RemoteRewardClient(urls=url, timeout_s=spec.timeout_s, max_retries=spec.max_retries,
+                                    retry_budget_s=spec.retry_budget_s, batch_size=spec.remote_batch_size)
+        return RemoteRewardSource(url, client)
     return FunctionRewardSource(url, load_reward_func(url))

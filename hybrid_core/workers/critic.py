@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hybrid_core.config import CriticConfig, DsConfig, TrainConfig
 from hybrid_core.data.rollout_store import RolloutStore
+from hybrid_core.data.stage_tables import action_masks
 from hybrid_core.engines.checkpoint import load_checkpoint, save_checkpoint
 from hybrid_core.engines.critic_trainer import CriticSamples, fit_critic
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, clear_stale_build_locks, start_sleep_buffer
@@ -91,7 +92,7 @@ class CriticWorker:
     def _fit(self, step: int) -> dict:
         ro, adv = self.store.read(step, "rollout"), self.store.read(step, "advantage")
         samples = CriticSamples(ro.column("prompt_ids").to_pylist(), ro.column("response_ids").to_pylist(),
-                                adv.column("values").to_pylist(), adv.column("returns").to_pylist())
+                                adv.column("values").to_pylist(), adv.column("returns").to_pylist(), action_masks(ro))
         t = self.args.train
         self.engine.wake_up()
         stats = fit_critic(self.engine, samples, self.args.critic.value_clip,

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from hybrid_core.data.eval_tables import eval_figures, eval_table
 from hybrid_core.data.prompts import Prompt, load_prompt_rows
-from hybrid_core.engines.rollout_step import generate_rows, reward_rows
+from hybrid_core.engines.rollout_step import reward_rows
 from hybrid_core.engines.vllm_rollout import SamplingSettings
 from hybrid_core.step_contract import EVAL, evaluated_version
 from hybrid_core.types import StageResult
@@ -63,7 +63,7 @@ class Evaluator:
         samples = self._generate_shared_out(step)
         if w.args.engine.enable_sleep:  # level 1 keeps the synced weights (in host memory) for the next rollout
             w.engine.sleep(level=1)
-        table = eval_table(samples, reward_rows(samples, w.reward_source))
+        table = eval_table(samples, reward_rows(samples, w.reward_source_for(samples)))
         figures = eval_figures(table, self.settings.sampling.n) | {"timing_s/eval_vllm_wake": wake_s}
         entry = w.ledger.commit(step, EVAL.name, table, w.clock, figures, version=version)
         return StageResult(stage=EVAL.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
@@ -92,8 +92,7 @@ class Evaluator:
         if w.rank:
             self.check_version(step)
             w.engine.wake_up(["weights", "kv_cache"])
-        table = generate_rows(w.engine, w.tokenizer, prompts, w.args.prompt_format, self.settings.sampling,
-                              w.args.seed, EVAL_SEED_KEY, w.policy_version)
+        table = w.rows_of(prompts, self.settings.sampling, EVAL_SEED_KEY)
         if w.rank and w.args.engine.enable_sleep:
             w.engine.sleep(level=1)
         return table

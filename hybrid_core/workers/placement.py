@@ -199,7 +199,7 @@ def is_run_pg(run: RunRef, name: str) -> bool:
 
 
 class RunPlacement:
-    """The run's placement groups, one per node of each role group (`plan.run_node_blocks`), each of STRICT_PACK
+    """The run's placement groups, one per node of each role group (`RunPlan.blocks`), each of STRICT_PACK
     bundles (they must share one node), and the actors placed in them. A slot's bundle index counts across the
     run; the block holding it says which group and which bundle of it."""
 

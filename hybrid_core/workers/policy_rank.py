@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from hybrid_core.data.stage_tables import experience_figures
+from hybrid_core.data.stage_tables import action_masks, experience_figures
 from hybrid_core.engines.actor_trainer import TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
@@ -68,7 +68,7 @@ class PolicyRank:
                             None if old_from_update else column(adv, "old_logprobs"),
                             column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
                             column(adv, "advantages"),
-                            None if engine_logprobs.null_count else engine_logprobs.to_pylist())
+                            None if engine_logprobs.null_count else engine_logprobs.to_pylist(), action_masks(ro))
 
     def _batch_plan(self, step: int) -> BatchPlan:
         t = self.args.train

@@ -14,12 +14,15 @@ import torch
 from hybrid_core.data.prompts import PromptRow, PromptSampler, load_prompt_rows, step_count
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.stage_tables import response_token_count
+from hybrid_core.engines.agent_rollout import AgentSettings, EpisodeRun, generate_episode_rows, summed_figures
 from hybrid_core.engines.frozen_model import load_tokenizer
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
 from hybrid_core.engines.sync_group import WeightSyncGroup
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
-from hybrid_core.rewards.sources import RewardModelSource, RewardSource, RewardSourceSpec, open_reward_source
+from hybrid_core.rewards.agents import load_agent_executor
+from hybrid_core.rewards.sources import (EpisodeRewardSource, RewardModelSource, RewardSource, RewardSourceSpec,
+                                         open_reward_source)
 from hybrid_core.step_contract import REWARD, ROLLOUT, generating_version
 from hybrid_core.types import RunRef, Sample, StageResult
 from hybrid_core.workers import rank_group
@@ -64,6 +67,7 @@ class RolloutWorkerArgs:
     reward_model_ranks: int  # 0: reward.remote_url scores; else the reward model's ranks score (`score`)
     is_reward_normalized: bool  # reward.normalize_enable (the model's raw value is then logged beside)
     eval: EvalSettings | None  # None: the run has no eval.dataset
+    agent: AgentSettings | None = None  # train.agent_func_path: every sample an episode of the agent's environment
     faults: tuple = ()
 
 
@@ -78,6 +82,7 @@ class RolloutWorker:
         p = args.prompts
         self.sampler = PromptSampler(p.rows(), p.batch_size, p.num_episodes, args.seed, p.max_steps)
         self.reward_source = open_reward_source(args.reward)
+        self.agent = load_agent_executor(args.agent.path) if args.agent is not None else None
         self.engine = VllmRolloutEngine(args.engine)
         self.evaluator = Evaluator(self, args.eval) if args.eval is not None else None
         self.policy_version = 0
@@ -111,16 +116,23 @@ class RolloutWorker:
 
     def _generate(self, step: int) -> tuple[pa.Table, dict]:
         prompts = self.sampler.for_step(step)
-        generate = lambda batch: self._generate_shared_out(batch, step)  # noqa: E731
+        shares: list[pa.Table] = []
+        generate = lambda batch: self._generate_shared_out(batch, step, shares)  # noqa: E731
+        figures = {}
         if self.args.group_filter is None:
-            return generate(prompts), {}
-        refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
-        score = lambda table: reward_rows(table, self.reward_source)  # noqa: E731
-        table, pass_rate = filtered_rollout(generate, score, prompts, refill, self.args.sampling.n,
-                                            self.args.group_filter)
-        return table, {"filter/pass_rate": pass_rate}
+            table = generate(prompts)
+        else:
+            refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
+            score = lambda table: reward_rows(table, self.reward_source_for(table))  # noqa: E731
+            table, pass_rate = filtered_rollout(generate, score, prompts, refill, self.args.sampling.n,
+                                                self.args.group_filter)
+            figures["filter/pass_rate"] = pass_rate
+        if self.agent is not None:  # the counters travel in the shares' metadata; the committed table has none
+            figures |= summed_figures(shares)
+            table = table.replace_schema_metadata(None)
+        return table, figures
 
-    def _generate_shared_out(self, prompts: list, step: int) -> pa.Table:
+    def _generate_shared_out(self, prompts: list, step: int, shares: list[pa.Table]) -> pa.Table:
         """Generate on every engine: engine r takes the r-th contiguous share of the prompts; rows keep prompt order
         (seeds are per prompt, so which engine generates a prompt does not change its samples)."""
         engines = rank_group.peers(self.run, ROLLOUT.role, self.args.num_engines)
@@ -128,8 +140,9 @@ class RolloutWorker:
         pending = [(rank, peer.generate_share.remote(prompts[a:b], step))
                    for rank, (peer, (a, b)) in enumerate(zip(engines, bounds[1:]), start=1) if b > a]
         own = self.generate_share(prompts[bounds[0][0]:bounds[0][1]], step)
-        shares = rank_group.gather(ROLLOUT.role, pending, self.run.stage_timeout_s)
-        return pa.concat_tables([own, *shares])
+        tables = [own, *rank_group.gather(ROLLOUT.role, pending, self.run.stage_timeout_s)]
+        shares.extend(tables)
+        return pa.concat_tables(tables)
 
     def _check_policy_version(self, step: int) -> None:
         if self.policy_version != generating_version(step):
@@ -141,11 +154,20 @@ class RolloutWorker:
         if self.rank:  # rank 0 checked its version and woke up in `generate`
             self._check_policy_version(step)
             self.engine.wake_up(["weights", "kv_cache"])
-        table = generate_rows(self.engine, self.tokenizer, prompts, self.args.prompt_format, self.args.sampling,
-                              self.args.seed, step, self.policy_version)
+        table = self.rows_of(prompts, self.args.sampling, step)
         if self.rank and self.args.engine.enable_sleep:
             self.engine.sleep()
         return table
+
+    def rows_of(self, prompts: list, sampling: SamplingSettings, step: int | str) -> pa.Table:
+        """`sampling.n` samples of each prompt: one generation each, or with an agent one episode each."""
+        if self.agent is None:
+            return generate_rows(self.engine, self.tokenizer, prompts, self.args.prompt_format, sampling,
+                                 self.args.seed, step, self.policy_version)
+        fmt = self.args.prompt_format
+        run = EpisodeRun(engine=self.engine, tokenizer=self.tokenizer, executor=self.agent, settings=self.args.agent,
+                         sampling=sampling, seed=self.args.seed, step=step)
+        return generate_episode_rows(run, prompts, fmt.apply_chat_template, fmt.input_template, self.policy_version)
 
     @stamped
     def score(self, step: int) -> StageResult:
@@ -154,7 +176,7 @@ class RolloutWorker:
                                path=self.store.stage_uri(step, REWARD.name))
         self.ledger.begin(step, REWARD.name)
         rollout = self.store.read(step, ROLLOUT.name)
-        table = reward_rows(rollout, self._reward_source_for(rollout))
+        table = reward_rows(rollout, self.reward_source_for(rollout))
         entry = self.ledger.commit(step, REWARD.name, table, self.clock, {})
         return StageResult(stage=REWARD.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, REWARD.name), metrics=entry["metrics"])
@@ -167,9 +189,14 @@ class RolloutWorker:
     def evaluate_share(self, prompts: list, step: int) -> pa.Table:
         return self.evaluator.share(prompts, step)
 
-    def _reward_source_for(self, rollout: pa.Table) -> RewardSource:
-        """The run's reward source; the reward model's is bound to the step's token ids, and its ranks each score a
-        contiguous share of them (as the actor leads the reference's forwards)."""
+    def reward_source_for(self, rollout: pa.Table) -> RewardSource:
+        """The run's reward source; an agent's episodes carry their rewards; the reward model's is bound to the
+        step's token ids, and its ranks each score a contiguous share of them (as the actor leads the reference's
+        forwards)."""
+        if self.agent is not None:
+            return EpisodeRewardSource(rewards=rollout.column("episode_reward").to_pylist(),
+                                       scores=rollout.column("episode_score").to_pylist(),
+                                       turns=rollout.column("turns").to_pylist())
         if not self.args.reward_model_ranks:
             return self.reward_source
         ranks = rank_group.all_ranks(self.run, "reward", self.args.reward_model_ranks)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hybrid_core.algorithms.experience import ActorLossSettings, AdvantageSettings, PenaltySettings
 from hybrid_core.config import RunConfig, changed_fields
 from hybrid_core.data.metric_sinks import SinkSettings
+from hybrid_core.engines.agent_rollout import AgentSettings
 from hybrid_core.engines.actor_trainer import ISCorrection
 from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat
 from hybrid_core.engines.frozen_model import FrozenModelSettings
@@ -137,11 +138,20 @@ def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None
                                   temperature=r.temperature, top_p=r.top_p, seed_per_prompt=r.seed_per_prompt,
                                   logprobs=cfg.asks_engine_logprobs),
         reward=RewardSourceSpec(remote_url=rw.remote_url, timeout_s=rw.timeout_s, max_retries=rw.max_retries,
-                                remote_batch_size=rw.remote_batch_size),
+                                retry_budget_s=rw.retry_budget_s, remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
         num_engines=plan.engines.num_engines, reward_model_ranks=plan.role_ranks.get("reward", 0),
-        is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), faults=faults)
+        is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), agent=agent_settings(cfg), faults=faults)
+
+
+def agent_settings(cfg: RunConfig) -> AgentSettings | None:
+    """`train.agent_*` for the rollout worker (None: single-turn generation)."""
+    t = cfg.train
+    if t.agent_func_path is None:
+        return None
+    return AgentSettings(path=t.agent_func_path, step_timeout_s=t.agent_step_timeout_s,
+                         skip_failed=t.agent_skip_failed, max_len=cfg.data.max_len)
 
 
 def eval_settings(cfg: RunConfig) -> EvalSettings | None:

@@ -77,6 +77,44 @@ def test_a_literal_wandb_key_is_stored_nowhere(tmp_path, tiny_model):
     assert "WANDB_API_KEY" not in json.loads((run_dir / "manifest.json").read_text())["config"]["logger"]["wandb"]
 
 
+def _database_files() -> list[Path]:
+    """The SQLite files of the session's Prefect server (the test harness's database and its journals)."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().server.database.connection_url.get_secret_value()
+    database = Path(url.split(":///", 1)[1])
+    return [p for p in database.parent.glob(f"{database.name}*") if p.is_file()]
+
+
+def test_rl_train_refuses_a_literal_wandb_key_in_a_dict_before_prefect_stores_or_prints_it(
+        tmp_path, tiny_model, ray_session, prefect_server, capfd, caplog):
+    from prefect import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from flows.rl_train import rl_train
+    from hybrid_core.config import ConfigError
+    from hybrid_core.plan.preflight import PreflightError
+
+    cfg = micro_config(tmp_path).model_dump(mode="json")
+    cfg["logger"]["wandb"]["key"] = SECRET
+    with pytest.raises(ConfigError) as err:
+        rl_train(cfg=cfg, run_id="keyed-call")
+    assert str(err.value).startswith("logger.wandb.key holds an API key (39 characters, not shown): in a config "
+                                     "file or a flow parameter it would be stored")
+    cfg["logger"]["wandb"]["key"] = "offline"  # the same dict without the key still reaches the flow's preflight
+    cfg["ds"]["load_in_4bit"] = True
+    with pytest.raises(PreflightError, match=r"--ds.load_in_4bit \(set to True\)"):
+        rl_train(cfg=cfg, run_id="keyed-call")
+    with get_client(sync_client=True) as client:
+        recent = client.read_flow_runs(sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20)
+    assert recent and not [run.id for run in recent if SECRET in json.dumps(run.parameters)]
+    assert recent[0].parameters["cfg"]["logger"]["wandb"]["key"] == "offline"  # the refused dict made no run
+    captured = capfd.readouterr()
+    assert SECRET not in captured.out + captured.err + caplog.text
+    assert [str(p) for p in _database_files() if SECRET.encode() in p.read_bytes()] == []
+    assert _files_holding(tmp_path, SECRET.encode()) == []
+
+
 class JobHead:
     """`ray start --head` with the dashboard's job server, from this install; killed as a group at the end. Its
     jobs' `hybrid train` talk to `api_url` (the session's Prefect server)."""

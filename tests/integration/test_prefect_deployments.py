@@ -123,6 +123,29 @@ def test_a_failed_deployment_run_is_retried_to_completion_without_regenerating(s
     assert read_artifacts(server.url, "rl-samples-retried")[-1]["type"] == "markdown"
 
 
+SECRET = "wandb-key-0123456789abcdef-never-stored"
+
+
+def test_a_wandb_key_in_a_deployment_run_s_parameters_is_refused_before_the_server_stores_it(server, tmp_path):
+    """The server checks the parameters against the flow's schema (enforce_parameter_schema, Prefect's default)
+    before it stores a flow run: `logger.wandb.key` admits only 'offline', and the refusal does not repeat the key."""
+    result = run_deployment(server, short_cfg(tmp_path, logger={"wandb": {"key": SECRET}}), "keyed-deployment")
+    output = " ".join((result.stdout + result.stderr).split())  # the console wraps its lines
+    assert result.returncode != 0
+    assert "Validation failed for field 'cfg.logger.wandb.key'. Failure reason: 'offline' was expected" in output
+    assert SECRET not in output
+    body = json.dumps({"sort": "EXPECTED_START_TIME_DESC", "limit": 200}).encode()
+    request = urllib.request.Request(f"{server.url}/flow_runs/filter", data=body,
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        runs = json.loads(response.read())
+    assert [run["id"] for run in runs if SECRET in json.dumps(run["parameters"])] == []
+    # the server's database (and its journals), the server's and the workers' logs
+    stored = [p.name for p in server.logs.iterdir() if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert stored == [] and (server.logs / "prefect.db").is_file()
+    assert not (tmp_path / "keyed-deployment").exists()
+
+
 # every bad input of `hybrid train`'s refusal tests (tests/unit/test_cli_refusals.py), grouped so that one
 # deployment run meets several at once (one per setting: dataset, reward file, model, store), all named in one message
 BAD_INPUT_GROUPS = {

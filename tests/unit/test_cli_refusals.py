@@ -195,3 +195,27 @@ def test_a_literal_wandb_key_in_a_config_file_is_refused_without_showing_it(tmp_
     assert proc.returncode == 2
     assert "logger.wandb.key holds an API key (16 characters, not shown)" in proc.stderr
     assert "SECRET" not in proc.stdout + proc.stderr
+
+
+def test_a_reward_server_that_does_not_answer_is_refused_at_start_up(tmp_path):
+    """A dead reward URL once failed ~136 s later, after 18 tries in the reward stage; the preflight's one-sample
+    probe now refuses it in about reward.probe_timeout_s (10 s by default), and a server answering 500 likewise."""
+    from hybrid_core.rewards.reward_func import load_reward_func
+    from tests.unit.rewards.reward_servers import LETTERS_REWARD, ScriptedServer, answer_with, dead_url
+
+    gone = dead_url()
+    rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--reward.remote_url", gone)
+    assert rc == 2 and 10 <= seconds < 20, (seconds, out)
+    assert out.startswith(f"hybrid train cannot start:\n  - reward.remote_url {gone} does not answer: a one-sample "
+                          "probe failed for 1"), out
+    assert "Connection refused; start the server (hybrid serve-reward" in out and "Traceback" not in out
+    with ScriptedServer(lambda payload, n: (500, b"model not loaded")) as failing:
+        rc, out, seconds = hybrid_train("--store.root", str(tmp_path / "runs"), "--reward.remote_url", failing.url,
+                                        "--reward.probe_timeout_s", "2")
+    assert rc == 2 and seconds < 10 and "HTTP 500 Internal Server Error: model not loaded" in out, (seconds, out)
+    assert not (tmp_path / "runs").exists()
+    # a server that answers passes: only the unwritable store is refused
+    with ScriptedServer(answer_with(load_reward_func(str(LETTERS_REWARD)))) as good:
+        rc, out, _ = hybrid_train("--store.root", "/proc/nope", "--reward.remote_url", good.url)
+    assert rc == 2 and "reward.remote_url" not in out and "store.root is not writable" in out, out
+    assert len(good.requests) == 1

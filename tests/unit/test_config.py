@@ -212,7 +212,7 @@ def test_derived_values():
 def test_leaf_paths_and_changed_fields():
     paths = leaf_paths()
     # OpenRLHF 0.11's and PROJECT ones; the newest: ds.logprob_kernel, ds.packed_attention, ds.wake_copy
-    assert len(paths) == 186
+    assert len(paths) == 190
     assert paths["ds.logit_chunk_tokens"].default == 4096
     assert "reward.remote_batch_size" in paths and paths["reward.remote_batch_size"].default == 32
     assert paths["actor.adam.lr"].default == 1e-6
@@ -223,3 +223,24 @@ def test_leaf_paths_and_changed_fields():
     assert changed_fields(cfg) == ["actor.adam.lr", "ds.packing_samples"]
     assert leaf_values(cfg)["actor.adam.lr"] == 5e-7
     assert changed_fields(RunConfig()) == []
+
+
+def test_the_flow_parameter_schema_admits_only_offline_as_wandb_key_and_its_refusal_does_not_repeat_the_key():
+    """Prefect's server validates a deployment run's parameters against this schema before storing them; the
+    message it answers is jsonschema's best match, which must not hold the key."""
+    import jsonschema
+
+    schema = RunConfig.model_json_schema()
+    key = "wandb-key-0123456789abcdef-never-stored"
+    jsonschema.validate({"logger": {"wandb": {"key": "offline"}}}, schema)
+    jsonschema.validate({"logger": {"wandb": {"key": None}}}, schema)
+    with pytest.raises(jsonschema.ValidationError) as err:
+        jsonschema.validate({"logger": {"wandb": {"key": key}}}, schema)
+    assert err.value.message == "'offline' was expected"
+    assert key not in err.value.message
+    from hybrid_core.flags import config_from_dict
+
+    with pytest.raises(ConfigError) as refused:  # pydantic takes the string: the rule refuses it, unshown
+        config_from_dict({"logger": {"wandb": {"key": key}}})
+    assert str(refused.value).startswith("logger.wandb.key holds an API key (39 characters, not shown)")
+    assert key not in str(refused.value)

@@ -29,12 +29,12 @@ def dead_url() -> str:
 class AppInThread:
     """The `hybrid serve-reward` app for `reward_file` on uvicorn, in a thread of this process."""
 
-    def __init__(self, reward_file: str | Path, path: str = "/get_reward"):
-        from hybrid_core.rewards.reward_server import bind, file_app, served_url, uvicorn_server
+    def __init__(self, reward_file: str | Path, path: str = "/get_reward", max_body_mib: float = 16.0):
+        from hybrid_core.rewards.reward_server import ServeOptions, bind, file_app, served_url, uvicorn_server
 
         sock = bind("127.0.0.1", 0)
         self.url = served_url(sock, path)
-        self.server = uvicorn_server(file_app(str(reward_file), path))
+        self.server = uvicorn_server(file_app(str(reward_file), ServeOptions(path=path, max_body_mib=max_body_mib)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -52,9 +52,10 @@ class AppInThread:
 
 class ScriptedServer:
     """http.server on loopback; `respond(payload, n)` (n: the request's number, from 1) returns (status, body bytes),
-    or None to drop the connection without an answer (a server that died). Counts the requests."""
+    or None to drop the connection without an answer (a server that died). Counts the requests. `port` 0: a free
+    port."""
 
-    def __init__(self, respond: Callable[[dict, int], tuple[int, bytes] | None]):
+    def __init__(self, respond: Callable[[dict, int], tuple[int, bytes] | None], port: int = 0):
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         server = self
@@ -79,7 +80,7 @@ class ScriptedServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/get_reward"
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
@@ -102,11 +103,12 @@ def answer_with(reward_func: Callable) -> Callable[[dict, int], tuple[int, bytes
     return respond
 
 
-def start_serve_reward(reward_file: str | Path, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
-    """`hybrid serve-reward --reward-func FILE --port 0` as a subprocess; returns (process, the URL it printed)."""
+def start_serve_reward(reward_file: str | Path, *options: str, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
+    """`hybrid serve-reward --reward-func FILE --port 0 [options]` as a subprocess; returns (process, the URL it
+    printed)."""
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve-reward", "--reward-func", str(reward_file),
-                             "--port", "0"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                             "--port", "0", *options], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def drain():

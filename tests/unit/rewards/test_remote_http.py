@@ -11,7 +11,8 @@ import time
 import pytest
 from reward_servers import LETTERS_REWARD, ScriptedServer, answer_with, dead_url
 
-from hybrid_core.rewards.remote_http import RemoteRewardClient, RewardAnswerError, RewardRequestRefused
+from hybrid_core.rewards.remote_http import (PROBE_SAMPLE, RemoteRewardClient, RewardAnswerError,
+                                             RewardRequestRefused, probe_problem, probe_problems)
 from hybrid_core.rewards.reward_func import RewardFunctionError, load_reward_func, score_samples
 from hybrid_core.types import PermanentError
 
@@ -66,7 +67,8 @@ def test_500_forever_fails_after_the_last_retry_naming_url_batch_retries_and_err
             client(server.url, max_retries=2, batch_size=4).score(QUERIES[:4], PROMPTS[:4], LABELS[:4])
     message = str(err.value)
     assert not isinstance(err.value, PermanentError)  # the reward task may be retried as a whole
-    assert f"the last live URL {server.url} failed 3 times (reward.max_retries=2, reward.timeout_s=5.0)" in message
+    assert (f"the last live URL {server.url} failed 3 times (reward.max_retries=2, reward.retry_budget_s=30.0, "
+            f"reward.timeout_s=5.0)") in message
     assert "reward servers failed on the batch of samples" in message
     assert "HTTP 500 Internal Server Error: model not loaded" in message
     # one batch sent 3 times (with two, the first to fail ends the call while the other may still be retrying)
@@ -110,7 +112,7 @@ def test_a_slow_server_times_out():
     slow = lambda payload, n: time.sleep(2.0) or lengths_answer(payload, n)  # noqa: E731
     with ScriptedServer(slow) as server:
         start = time.perf_counter()
-        with pytest.raises(RuntimeError, match=r"TimeoutError: timed out \(reward.timeout_s=0.3\)"):
+        with pytest.raises(RuntimeError, match=r"reward.timeout_s=0.3\); last error: TimeoutError: timed out;"):
             client(server.url, timeout_s=0.3).score(QUERIES[:1], PROMPTS[:1], LABELS[:1])
         assert time.perf_counter() - start < 1.5
 
@@ -168,12 +170,98 @@ def test_both_kinds_of_reward_source_score_through_the_same_checks(tmp_path):
                     "    return {'rewards': [len(q) / 10 for q in queries]}\n")
     with ScriptedServer(lengths_answer) as a, ScriptedServer(lengths_answer) as b:
         for url in (f"{a.url},{b.url}", str(file)):
-            spec = RewardSourceSpec(remote_url=url, timeout_s=5.0, max_retries=0, remote_batch_size=1)
+            spec = RewardSourceSpec(remote_url=url, timeout_s=5.0, max_retries=0, retry_budget_s=1.0,
+                                    remote_batch_size=1)
             source = open_reward_source(spec)
             batch = source.score(["ab", "abcd"], ["", ""], ["", ""], [(0, 0), (0, 1)])
             assert source.name == url and batch.rewards == [0.2, 0.4] and batch.scores == [0.2, 0.4]
         assert len(a.requests) == len(b.requests) == 1  # remote_batch_size 1: one sample to each URL
     file.write_text("def reward_func(queries, prompts, labels, **kwargs):\n    return {'rewards': 'xxxx'}\n")
-    source = open_reward_source(RewardSourceSpec(remote_url=str(file), timeout_s=5.0, max_retries=0))
+    source = open_reward_source(RewardSourceSpec(remote_url=str(file), timeout_s=5.0, max_retries=0,
+                                                 retry_budget_s=1.0))
     with pytest.raises(RewardFunctionError, match=r"reward_func in .*lengths\.py returned 4 rewards for 2 samples"):
         source.score(["ab", "abcd"], ["", ""], ["", ""], [(0, 0), (0, 1)])
+
+
+def test_a_500_server_is_retried_only_within_the_retry_budget():
+    """Many retries allowed, a 1 s budget: back-off 0.1, 0.2, 0.4 s, then the 0.3 s left, then it gives up."""
+    with ScriptedServer(lambda payload, n: (500, b"model not loaded")) as server:
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError) as err:
+            client(server.url, max_retries=100, retry_budget_s=1.0, backoff_base_s=0.1).score(
+                QUERIES[:2], PROMPTS[:2], LABELS[:2])
+        seconds = time.perf_counter() - start
+    assert 1.0 <= seconds < 1.8, seconds
+    assert f"failed {len(server.requests)} times (reward.max_retries=100, reward.retry_budget_s=1.0" in str(err.value)
+    assert 4 <= len(server.requests) <= 6 and "HTTP 500 Internal Server Error: model not loaded" in str(err.value)
+
+
+def test_a_dead_url_fails_within_the_retry_budget():
+    gone = dead_url()
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"failed \d+ times .*reward.retry_budget_s=0.5.*Connection refused"):
+        client(gone, max_retries=100, retry_budget_s=0.5, backoff_base_s=0.1).score(QUERIES[:1], PROMPTS[:1],
+                                                                                    LABELS[:1])
+    assert 0.5 <= time.perf_counter() - start < 1.2
+
+
+def test_a_blip_shorter_than_the_budget_is_retried_through():
+    """A server answering 503 for its first 0.8 s (a restart mid-run): the batch is answered, not failed."""
+    up_at = time.monotonic() + 0.8
+
+    def blip(payload: dict, n: int) -> tuple[int, bytes]:
+        return (503, b"restarting") if time.monotonic() < up_at else lengths_answer(payload, n)
+
+    with ScriptedServer(blip) as server:
+        rewards = client(server.url, max_retries=100, retry_budget_s=5.0, backoff_base_s=0.1).score(
+            QUERIES[:3], PROMPTS[:3], LABELS[:3]).rewards
+    assert rewards == [len(q) / 10 for q in QUERIES[:3]] and len(server.requests) >= 3
+
+
+def test_the_probe_sends_one_well_formed_sample_and_passes_a_server_that_answers():
+    letters = load_reward_func(str(LETTERS_REWARD))
+    with ScriptedServer(answer_with(letters)) as server:
+        assert probe_problem(server.url, timeout_s=5.0, window_s=2.0) is None
+    prompt, query, label = PROBE_SAMPLE
+    assert server.requests == [{"query": [query], "prompts": [prompt], "labels": [label]}]
+
+
+def test_the_probe_names_a_dead_url_a_500_server_and_a_refusal_with_the_fix():
+    gone = dead_url()
+    start = time.perf_counter()
+    [problem] = probe_problems(gone, timeout_s=5.0, window_s=1.0)
+    assert 1.0 <= time.perf_counter() - start < 2.0
+    assert problem.startswith(f"reward.remote_url {gone} does not answer: a one-sample probe failed for 1.0 s "
+                              f"(reward.probe_timeout_s=1.0, each try waiting up to 1.0 s): ConnectionRefusedError: "
+                              f"[Errno 111] Connection refused; start the server (hybrid serve-reward --reward-func "
+                              f"FILE.py --port P) or fix the URL")
+    assert "--reward.probe_timeout_s S waits longer for a server still starting, 0 skips the probe" in problem
+    with ScriptedServer(lambda payload, n: (500, b"model not loaded")) as failing, \
+            ScriptedServer(lambda payload, n: (404, b"no route")) as wrong_path:
+        problems = probe_problems(f"{failing.url},{wrong_path.url}", timeout_s=5.0, window_s=1.0)
+    assert len(problems) == 2 and len(wrong_path.requests) == 1  # a refusal is not asked again
+    assert f"reward.remote_url {failing.url} does not answer" in problems[0]
+    assert "HTTP 500 Internal Server Error: model not loaded; the server is up but fails a well-formed sample: " \
+           "check its log; --reward.probe_timeout_s S" in problems[0]
+    assert problems[1] == (f"reward.remote_url {wrong_path.url} failed the start-up probe (one sample POSTed): "
+                           f"reward server {wrong_path.url} refused the batch of samples 0-0 (of 1): HTTP 404 Not "
+                           f"Found: no route; fix the server")
+
+
+def test_the_probe_waits_for_a_server_that_binds_its_port_late():
+    """`hybrid serve-reward … & hybrid train …`: the server may come up a moment after the run starts."""
+    import threading
+
+    letters = load_reward_func(str(LETTERS_REWARD))
+    servers = []
+    gone = dead_url()
+    port = int(gone.rsplit(":", 1)[1].split("/")[0])
+    late = threading.Timer(0.5, lambda: servers.append(ScriptedServer(answer_with(letters), port=port)))
+    late.start()
+    try:
+        assert probe_problem(gone, timeout_s=5.0, window_s=5.0) is None
+    finally:
+        late.join()
+        for server in servers:
+            server.__exit__()
+    assert len(servers[0].requests) == 1

@@ -35,4 +35,5 @@ def test_a_non_finite_reward_names_the_sample():
 
 
 def test_without_a_remote_url_no_function_source_is_opened():
-    assert open_reward_source(RewardSourceSpec(remote_url=None, timeout_s=1.0, max_retries=0)) is None
+    spec = RewardSourceSpec(remote_url=None, timeout_s=1.0, max_retries=0, retry_budget_s=1.0)
+    assert open_reward_source(spec) is None

@@ -105,10 +105,10 @@ def bench_ds_sleep(results, model_dir: Path) -> None:
 def _wake_variant(results, trainer, name: str, note: str, pause_s: float = 0.0, copy: str | None = None) -> None:
     """`CALLS` sleeps, each followed `pause_s` later by a timed wake (`copy`: `HYBRID_WAKE_COPY` for them); GB/s of
     the slowest wake, as figure `name`."""
-    from hybrid_core.engines.pinned_copy import COPY_ENV
+    from hybrid_core.switches import SWITCHES
 
     wakes = []
-    with mock.patch.dict(os.environ, {COPY_ENV: copy} if copy else {}):
+    with mock.patch.dict(os.environ, {SWITCHES["wake_copy"].env: copy} if copy else {}):
         for _ in range(CALLS):
             trainer.sleep()
             time.sleep(pause_s)

@@ -117,7 +117,7 @@ def _plan_figures(results, config: Path, model_dir: Path, flags: tuple[str, ...]
     """`hybrid plan`'s estimate for the run's config and flags: the peak, each phase's total and its notes (the
     host memory that sleeping roles use)."""
     from hybrid_core.flags import parse_cli
-    from hybrid_core.memory_plan import estimate_memory
+    from hybrid_core.plan.memory import estimate_memory
 
     cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir), *flags])
     plan = estimate_memory(cfg, gpu_total_gib)
@@ -270,7 +270,7 @@ def orchestration_parts(run_dir: Path, rows: dict[int, dict], step: int) -> dict
 def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,
                  names: list[str] = ("vllm-peak", "ds-peak")) -> None:
     from hybrid_core.flags import parse_cli
-    from hybrid_core.memory_plan import estimate_memory
+    from hybrid_core.plan.memory import estimate_memory
 
     for name in names:
         config = CONFIGS / f"h200-memory-{name}.yaml"

@@ -81,7 +81,7 @@ def bench_long_context(results, model_dir: Path, gpu_total_gib: float, tflops: f
         raise ValueError("long_context needs --model-4b DIR: a Qwen3-4B stand-in (data/build_tiny_model.py --standin "
                          "Qwen/Qwen3-4B DIR --device cuda)")
     from host_counters import GpuMemorySampler
-    from hybrid_core.memory_plan import estimate_memory, model_shape, trainer_bytes
+    from hybrid_core.plan.memory import estimate_memory, model_shape, trainer_bytes
 
     cfg = plan_config(model_dir)
     train_phase = next(p for p in estimate_memory(cfg, gpu_total_gib, roles=("actor",)).phases if p.name == "train")

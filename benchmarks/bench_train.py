@@ -63,9 +63,10 @@ def bench_train_mfu(results, model_dir: Path, name: str, tflops: float, packed: 
     `head_kernel`: `HYBRID_LOGPROB_KERNEL` for this run (`torch`: the head's maths in PyTorch ops, `..._torch_head`)."""
     from unittest import mock
 
-    from hybrid_core.engines.logprob_kernel import KERNEL_ENV
+    from hybrid_core.switches import SWITCHES
 
-    with mock.patch.dict(os.environ, {KERNEL_ENV: head_kernel} if head_kernel else {}):
+    chosen = {SWITCHES["logprob_kernel"].env: head_kernel} if head_kernel else {}
+    with mock.patch.dict(os.environ, chosen):
         _bench_train_mfu(results, model_dir, name, tflops, packed, param_dtype, token_budget, checkpointing, profile,
                          liger, suffix="_torch_head" if head_kernel == "torch" else "")
 

@@ -42,8 +42,8 @@ def _parse(argv: list[str]):
 
 
 def plan_command(argv: list[str]) -> int:
-    from hybrid_core.gpu_probe import gpu_memory_gib
-    from hybrid_core.plan import ASSUMED_GPU_GIB, render_plan
+    from hybrid_core.plan.gpu_probe import gpu_memory_gib
+    from hybrid_core.plan.report import ASSUMED_GPU_GIB, render_plan
 
     cfg, error = _parse(argv)
     if error:
@@ -126,8 +126,8 @@ def _train_config(argv: list[str]):
 
 
 def train_command(argv: list[str]) -> int:
-    from hybrid_core.gpu_probe import count_gpus, gpu_memory_gib
-    from hybrid_core.preflight import refusal, run_problems
+    from hybrid_core.plan.gpu_probe import count_gpus, gpu_memory_gib
+    from hybrid_core.plan.preflight import refusal, run_problems
     from hybrid_core.types import run_dir_of
 
     cfg, run_id, is_resume, error = _train_config(argv)

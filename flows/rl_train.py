@@ -69,12 +69,12 @@ def train_run(cfg: RunConfig, run_id: str | None = None, resume: bool = False) -
     if cfg.logger.wandb.secret_block:
         print(f"W&B key from Secret block {cfg.logger.wandb.secret_block!r}: "
               f"{export_wandb_key(cfg.logger.wandb.secret_block)}")
-    preflight(cfg, run, must_exist=resume)
+    plan = preflight(cfg, run, must_exist=resume)
     with hold_run_dir(run) as lease:
         open_run(cfg, run, must_exist=resume)
         tag_flow_run(f"run:{run.run_id}")
         try:
-            workers = start_workers(cfg, run)
+            workers = start_workers(cfg, run, plan)
             print(f"run {run.run_id}: steps {workers.next_step}..{workers.num_steps} of {workers.num_steps}, data "
                   f"under {run.run_dir}")
             run_steps(cfg, run, workers, lease)

@@ -16,6 +16,7 @@ from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, Muo
                                        OptimizerFields)
 from hybrid_core.config_outputs import (LoggerConfig, StoreConfig, WandbConfig,  # noqa: F401 (re-exported)
                                         WANDB_KEY_SCHEMA)
+from hybrid_core.switches import LogprobKernel, PackedAttention, WakeCopy
 
 
 class ActorConfig(OptimizerFields):
@@ -126,7 +127,7 @@ LOGIT_CHUNK_TOKENS = 4096  # --ds.logit_chunk_tokens: × Qwen3's 151,936-entry v
 class DsConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"zero_stage", "param_dtype", "adam_offload", "enable_sleep",
         "packing_samples", "use_liger_kernel", "value_head_prefix", "ring_attn_size", "ring_attn_head_stride",
-        "logit_chunk_tokens"})
+        "logit_chunk_tokens", "logprob_kernel", "packed_attention", "wake_copy"})
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage")
     param_dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="param dtype (fp32: PROJECT, CPU)")
     adam_offload: bool = Field(False, description="ZeRO-Offload: optimizer states and step on the host")
@@ -140,6 +141,9 @@ class DsConfig(ConfigBlock):
     ring_attn_head_stride: int = Field(1, gt=0, description="K/V heads a ring all-gather exchanges at a time")
     packing_samples: bool = Field(False, description="pack a micro-batch's samples into one unpadded row")
     logit_chunk_tokens: int = Field(LOGIT_CHUNK_TOKENS, gt=0, description="PROJECT: tokens per vocabulary-head chunk")
+    logprob_kernel: LogprobKernel | None = Field(None, description="PROJECT: the head on CUDA: triton|torch")
+    packed_attention: PackedAttention | None = Field(None, description="PROJECT: packing on CUDA: varlen|flex")
+    wake_copy: WakeCopy | None = Field(None, description="PROJECT: DeepSpeed's wake copy: auto|sm|engine")
     attn_implementation: str = Field("flash_attention_2", description="HF attention implementation")
     experts_implementation: Literal["eager", "batched_mm", "grouped_mm", "deepgemm"] | None = Field(
         None, description="MoE experts implementation")

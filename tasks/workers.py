@@ -9,8 +9,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from hybrid_core.config import RunConfig
-from hybrid_core.gpu_probe import count_gpus, gpu_memory_gib
-from hybrid_core.preflight import PreflightError, run_problems
+from hybrid_core.plan.gpu_probe import count_gpus, gpu_memory_gib
+from hybrid_core.plan.preflight import PreflightError, check_run
+from hybrid_core.plan.run_plan import RunPlan
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import launch, placement
 from hybrid_core.workers.rank_group import RankFailure
@@ -85,14 +86,16 @@ def hold_run_dir(run: RunRef) -> RunDirectoryLease:
 
 
 @task(name="preflight", cache_policy=NO_CACHE, timeout_seconds=300)
-def preflight(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> None:
+def preflight(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> RunPlan:
     """Every check `hybrid train` makes before it starts anything, so every entry point refuses the same problems:
-    the flow run fails here, before any worker, listing them all."""
+    the flow run fails here, before any worker, listing them all. Returns the run's plan, which the workers start
+    on."""
     num_gpus = placement.cluster_gpus()  # a Ray cluster's GPUs, else this machine's
-    problems = run_problems(cfg, run.run_dir, count_gpus() if num_gpus is None else num_gpus, gpu_memory_gib(),
-                            must_exist=must_exist)
+    plan, problems = check_run(cfg, run.run_dir, count_gpus() if num_gpus is None else num_gpus, gpu_memory_gib(),
+                               must_exist=must_exist)
     if problems:
         raise PreflightError(problems)
+    return plan
 
 
 @task(name="open-run", cache_policy=NO_CACHE, timeout_seconds=300)
@@ -104,9 +107,10 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
 # log_prints off: counting the prompts hashes them with `datasets`' dill, which captures `dis.dis` output to read a
 # function's globals, and the flow's print capture would log those lines (and leave dill's capture empty) instead
 @task(name="start-workers", cache_policy=NO_CACHE, timeout_seconds=1800, log_prints=False)
-def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
-    """Re-attach to the run's live actors or create them from the newest checkpoint; see launch.start_workers."""
-    started = launch.start_workers(cfg, run)
+def start_workers(cfg: RunConfig, run: RunRef, plan: RunPlan) -> WorkersStarted:
+    """Re-attach to the run's live actors or create them on `plan` from the newest checkpoint; see
+    launch.start_workers."""
+    started = launch.start_workers(cfg, run, plan)
     get_run_logger().info("workers of %s ready in namespace %s: %s", run.run_id, run.namespace, started)
     return started
 

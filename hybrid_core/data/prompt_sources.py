@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from hybrid_core.config_rules import prompt_probs_problems
-from hybrid_core.hub import hub_offline, is_hub_name
+from hybrid_core.data.hub import hub_offline, is_hub_name
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 SAVED_MARKERS = ("dataset_info.json", "dataset_dict.json", "state.json")  # what `save_to_disk` writes

@@ -15,7 +15,7 @@ from hybrid_core.algorithms.experience import ActorLossSettings, PolicyMicroBatc
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine
 from hybrid_core.engines.experience_maker import kl_figures
 from hybrid_core.engines.minibatch_updates import BatchPlan, MicroBatchShare, micro_batch_tensors, run_updates
-from hybrid_core.engines.sequence_batch import HostCopy
+from hybrid_core.engines.sequence_batch import HostCopy, MicroBatching
 from hybrid_core.engines.vocab_head import response_token_stats
 
 
@@ -42,7 +42,7 @@ class TrainSamples:
 
 def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossSettings,
                          correction: ISCorrection | None, update_logprobs: list[tuple[list[int], HostCopy]],
-                         logit_chunk_tokens: int):
+                         batching: MicroBatching):
     def build(share: MicroBatchShare):
         batch, take = micro_batch_tensors(engine, samples.prompt_ids, samples.response_ids, share)
         adv, mask = take(samples.advantages), batch.response_mask
@@ -53,8 +53,9 @@ def _policy_loss_builder(engine: DeepSpeedTrainEngine, samples: TrainSamples, s:
         rollout = take(samples.rollout_logprobs) if correction is not None else None
 
         def loss_fn(model):
-            logprobs, entropy = response_token_stats(model, batch, logit_chunk_tokens,
-                                                     with_entropy=s.entropy_coef is not None)
+            logprobs, entropy = response_token_stats(model, batch, batching.logit_chunk_tokens,
+                                                     with_entropy=s.entropy_coef is not None,
+                                                     kernel=batching.logprob_kernel)
             old = stored_old
             if old is None:  # on-policy: the weights that generated the samples are these, so the ratio is exactly 1
                 old = logprobs.detach()
@@ -86,10 +87,10 @@ def fit_actor(engine: DeepSpeedTrainEngine, samples: TrainSamples, s: ActorLossS
     lengths = [(len(p), len(r)) for p, r in zip(samples.prompt_ids, samples.response_ids)]
     counted = [sum(m) for m in samples.action_mask] if samples.action_mask is not None else None
     update_logprobs: list[tuple[list[int], HostCopy]] = []
-    chunk_tokens = plan.batching.logit_chunk_tokens
-    build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs, chunk_tokens)
-    stats = run_updates(engine, lengths, plan, build_loss,
-                        lambda model, batch: response_token_stats(model, batch, chunk_tokens)[0], counted)
+    batching = plan.batching
+    build_loss = _policy_loss_builder(engine, samples, s, correction, update_logprobs, batching)
+    stats = run_updates(engine, lengths, plan, build_loss, lambda model, batch: response_token_stats(
+        model, batch, batching.logit_chunk_tokens, kernel=batching.logprob_kernel)[0], counted)
     if not is_on_policy:
         return stats
     rows = {index: row for indices, copy in update_logprobs for index, row in zip(indices, copy.rows())}

@@ -78,7 +78,7 @@ def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.M
     """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout and Liger's
     kernels (as `ds.use_liger_kernel` says: required, off, or by default on CUDA where they apply)."""
     model = load_causal_lm(model_path, ds.param_dtype,
-                           attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1),
+                           attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1, ds.packed_attention),
                            ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
@@ -143,13 +143,13 @@ class DeepSpeedTrainEngine:
         self.is_optimizer_on_host = ds.adam_offload
         if ds.enable_sleep and not self.can_sleep:
             log.info("ds.enable_sleep: training on CPU keeps every state in host memory already")
-        self.state_mover = self._state_mover(sleep_buffer)
+        self.state_mover = self._state_mover(sleep_buffer, ds.wake_copy)
         self._waking: Future | None = None  # a wake started ahead (`wake_up_soon`), on `_waker`'s one thread
         self._waker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds-wake") if self.state_mover else None
 
-    def _state_mover(self, sleep_buffer: PinnedHostBuffer | None) -> OptimizerStateMover | None:
-        """Our pinned-buffer mover for the ZeRO optimizers; stage 0 uses DeepSpeed's `offload_states`; none when
-        ds.adam_offload keeps the optimizer on the host."""
+    def _state_mover(self, sleep_buffer: PinnedHostBuffer | None, wake_copy: str | None) -> OptimizerStateMover | None:
+        """Our pinned-buffer mover for the ZeRO optimizers, waking by `wake_copy` (`ds.wake_copy`); stage 0 uses
+        DeepSpeed's `offload_states`; none when ds.adam_offload keeps the optimizer on the host."""
         if not self.can_sleep or self.is_optimizer_on_host:
             return None
         optimizer = self.engine.optimizer
@@ -158,7 +158,7 @@ class DeepSpeedTrainEngine:
             log.warning("ds.enable_sleep: ZeRO stage %s uses DeepSpeed's offload_states (pinned memory is allocated "
                         "on its first call)", self.engine.zero_optimization_stage())
             return None
-        return OptimizerStateMover(optimizer, sleep_buffer)
+        return OptimizerStateMover(optimizer, sleep_buffer, wake_copy)
 
     @property
     def module(self) -> torch.nn.Module:

@@ -8,7 +8,6 @@ nothing about training, Ray or where sequences come from.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,9 +20,9 @@ from hybrid_core.engines.ring_attention import RingGroup, RingSettings, register
 from hybrid_core.engines.sequence_batch import MicroBatching, batched_response_forward
 from hybrid_core.engines.varlen_attention import has_flash_varlen, register_varlen_attention
 from hybrid_core.engines.vocab_head import response_logprobs
+from hybrid_core.switches import switch_value
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-PACKED_ATTENTION_KERNELS = ("varlen", "flex")  # HYBRID_PACKED_ATTENTION: the packed layout's kernel on CUDA
 
 
 def device_name() -> str:
@@ -53,7 +52,7 @@ def memory_peak_gib(name: str) -> dict[str, float]:
     return {f"memory_gib/{name}": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | None:
+def attn_implementation_for(is_packed: bool, is_ring: bool = False, kernel: str | None = None) -> str | None:
     """The HF attention kernel for a batch layout; None keeps the model's default (sdpa).
 
     With ring attention (`is_ring`: packed rows split over a ring group) it is `hybrid_ring` on every device: the
@@ -61,7 +60,7 @@ def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | Non
 
     Packed rows on CUDA use PyTorch's varlen flash attention (`varlen_attention`, registered here), which has a
     backward, needs no compile and reads the samples' boundaries from the batch (flash-attn is not installed).
-    `HYBRID_PACKED_ATTENTION=flex` picks `flex_attention` instead (transformers builds a BlockMask from the
+    `kernel` (`ds.packed_attention`) `flex` picks `flex_attention` instead (transformers builds a BlockMask from the
     positions; compiled on first use), as does a torch without `torch.nn.attention.varlen`. On CPU the default sdpa
     gets the same samples as a dense block-diagonal causal mask: exact (the padded layout's logprobs), no faster.
     """
@@ -69,10 +68,7 @@ def attn_implementation_for(is_packed: bool, is_ring: bool = False) -> str | Non
         return register_ring_attention()
     if not (is_packed and device_name() == "cuda"):
         return None
-    choice = os.environ.get("HYBRID_PACKED_ATTENTION", "varlen")
-    if choice not in PACKED_ATTENTION_KERNELS:
-        raise ValueError(f"HYBRID_PACKED_ATTENTION must be one of {sorted(PACKED_ATTENTION_KERNELS)}: got {choice!r}")
-    if choice == "varlen" and has_flash_varlen():
+    if switch_value("packed_attention", kernel) == "varlen" and has_flash_varlen():
         return register_varlen_attention()
     return "flex_attention"
 
@@ -104,7 +100,7 @@ def batched_logprobs(model, prompt_ids, response_ids, pad_id: int, batching: Mic
     """Response logprobs of every sample, micro-batched by `batching` (the vocabulary head in chunks of
     `batching.logit_chunk_tokens` tokens), as ragged lists (with a `ring`, each rank's head runs over its own share
     of the response tokens; the results are gathered; `agree_on_count`: see `batched_response_forward`)."""
-    logprobs = partial(response_logprobs, chunk_tokens=batching.logit_chunk_tokens)
+    logprobs = partial(response_logprobs, chunk_tokens=batching.logit_chunk_tokens, kernel=batching.logprob_kernel)
     return batched_response_forward(logprobs, model, prompt_ids, response_ids, pad_id, batching, ring, agree_on_count)
 
 
@@ -125,7 +121,8 @@ class FrozenModel:
     def __init__(self, settings: FrozenModelSettings, pad_id: int):
         self.ring = settings.ring.join()
         model = load_causal_lm(settings.model_path, settings.param_dtype,
-                               attn_implementation_for(settings.batching.is_packed, self.ring is not None),
+                               attn_implementation_for(settings.batching.is_packed, self.ring is not None,
+                                                       settings.batching.packed_attention),
                                settings.use_liger)
         model = model.eval().requires_grad_(False)
         self.weights = HostResidentWeights(model, device_name()) if settings.is_offloaded else None

@@ -96,21 +96,21 @@ class OptimizerStateMover:
     own `offload_states` does.
     """
 
-    def __init__(self, zero_optimizer, host: PinnedHostBuffer):
+    def __init__(self, zero_optimizer, host: PinnedHostBuffer, wake_copy: str | None = None):
         self.opt, self.host, self.asleep, self._block = zero_optimizer, host, False, None
+        self.wake_copy = wake_copy  # ds.wake_copy (None: unset, see `switches`)
         self.last_bytes, self.last_seconds, self.last_wake_seconds = 0, {}, {}
         self._stream: torch.cuda.Stream | None = None  # `_side_stream`, once made
         self._copy: _Copy | None = None  # a sleep started and not finished
         self._freed_at = -math.inf  # perf_counter() when the last sleep gave its GPU memory back
         self._warm_up_copy_kernel()
 
-    @staticmethod
-    def _warm_up_copy_kernel() -> None:
+    def _warm_up_copy_kernel(self) -> None:
         """Compile `pinned_copy`'s kernel now, with the engine, so that the first wake at once after a sleep (which
         takes the kernel) does not; nothing when the copy engine is forced."""
         from hybrid_core.engines.pinned_copy import copy_choice, warm_up_kernel  # imports Triton: CUDA only
 
-        if copy_choice() != "engine":
+        if copy_choice(self.wake_copy) != "engine":
             warm_up_kernel()
 
     def _side_stream(self) -> torch.cuda.Stream:
@@ -260,4 +260,5 @@ class OptimizerStateMover:
             return
         from hybrid_core.engines.pinned_copy import copy_pinned_to_device  # imports Triton: CUDA only
 
-        copy_pinned_to_device(block, host, seconds_since_free=time.perf_counter() - self._freed_at)
+        copy_pinned_to_device(block, host, seconds_since_free=time.perf_counter() - self._freed_at,
+                              choice=self.wake_copy)

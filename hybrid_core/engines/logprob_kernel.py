@@ -2,7 +2,7 @@
 row of a chunk's (C, V) logits in one read of the logits, and their gradient in one read and one write.
 
 Owns the kernels, the autograd Function around them and which chunks take them (`fused_applies`): CUDA logits of
-16- or 32-bit floats unless `HYBRID_LOGPROB_KERNEL=torch` asks for `algorithms.logprobs`' PyTorch ops. The maths is
+16- or 32-bit floats unless `--ds.logprob_kernel torch` asks for `algorithms.logprobs`' PyTorch ops. The maths is
 that module's (log p_y = z_y − logsumexp z and H = −Σ p·log p in fp32; the written-out backward
 −p·(g_logprob + g_entropy·(log p + H)) + g_logprob·onehot), so the two agree to fp32 rounding; the PyTorch ops read
 and write the whole fp32 block about 3 times in the forward and 8 times in the backward, which at a Qwen3 vocabulary
@@ -12,14 +12,12 @@ It knows nothing about models, chunks, DeepSpeed or where the logits come from.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-KERNEL_ENV = "HYBRID_LOGPROB_KERNEL"
-KERNEL_CHOICES = ("triton", "torch")
+from hybrid_core.switches import switch_value
+
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 BLOCK = 8192  # vocabulary entries a program reads per loop step (16 KB of bf16)
 NUM_WARPS = 16
@@ -78,18 +76,15 @@ def _backward_kernel(logits_ptr, row_stride, tokens_ptr, lse_ptr, entropy_ptr, g
         tl.store(grad_ptr + row * row_stride + cols, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
 
-def kernel_choice() -> str:
-    """`HYBRID_LOGPROB_KERNEL`: `triton` (the default) or `torch` (benchmarks set one beside the other)."""
-    choice = os.environ.get(KERNEL_ENV, "triton")
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(f"{KERNEL_ENV} must be one of {list(KERNEL_CHOICES)}: got {choice!r}; unset it for the "
-                         "default (triton)")
-    return choice
+def kernel_choice(configured: str | None = None) -> str:
+    """`ds.logprob_kernel` (`configured`) as it applies: `triton` (the default) or `torch` (see `switches`)."""
+    return switch_value("logprob_kernel", configured)
 
 
-def fused_applies(logits: torch.Tensor) -> bool:
-    """Whether `fused_token_logprobs_and_entropy` serves these logits: CUDA, 16- or 32-bit floats, not turned off."""
-    return logits.is_cuda and logits.dtype in FUSED_DTYPES and kernel_choice() == "triton"
+def fused_applies(logits: torch.Tensor, kernel: str | None = None) -> bool:
+    """Whether `fused_token_logprobs_and_entropy` serves these logits: CUDA, 16- or 32-bit floats, not turned off
+    (`kernel`: `ds.logprob_kernel`)."""
+    return logits.is_cuda and logits.dtype in FUSED_DTYPES and kernel_choice(kernel) == "triton"
 
 
 class _FusedTokenLogprobEntropy(torch.autograd.Function):

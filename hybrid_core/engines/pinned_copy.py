@@ -7,22 +7,21 @@ the device's address space) and writes a device block, and which copies take it 
 requests). Right after a large free the driver's clean-up of the freed memory shares the copy engines: the copy
 engine's rate into a fresh block was 43.6–45.6 GB/s at once, 46.7 after 10 ms, 52.1 after 50 ms and 55 after
 100 ms, while the kernel kept 49.3–50.2 (s31 probe, `benchmarks/probe_wake_copy.py`). So by default (`auto`) the
-kernel copies only when the caller freed memory less than `DRIVER_BUSY_S` before; `HYBRID_WAKE_COPY=sm` or `engine`
-forces one way, any other value is refused.
+kernel copies only when the caller freed memory less than `DRIVER_BUSY_S` before; `--ds.wake_copy sm` or `engine`
+forces one way.
 It knows nothing about optimizers, DeepSpeed or what the bytes are, nor about frees other than the one it is told of.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import torch
 import triton
 import triton.language as tl
 
-COPY_ENV = "HYBRID_WAKE_COPY"
-COPY_CHOICES = ("auto", "sm", "engine")
+from hybrid_core.switches import switch_value
+
 DRIVER_BUSY_S = 0.03  # after a free, below this the kernel beats the copy engine (the crossing of the s31 curves)
 WORD_BYTES = 4  # the kernel moves int32 words; 4 per thread per load make a 16-byte access
 ALIGN_BYTES = 16
@@ -40,21 +39,19 @@ def _copy_kernel(source_ptr, target_ptr, num_words, BLOCK_SIZE: tl.constexpr):
     tl.store(target_ptr + offsets, words, mask=inside, cache_modifier=".cs")
 
 
-def copy_choice() -> str:
-    """How a pinned copy runs: `auto` (the default: the kernel right after a free, else the copy engine), `sm` (the
-    kernel) or `engine` (the copy engine's `copy_`)."""
-    choice = os.environ.get(COPY_ENV, "auto")
-    if choice not in COPY_CHOICES:
-        raise ValueError(f"{COPY_ENV} must be one of {list(COPY_CHOICES)}: got {choice!r}; unset it for the default "
-                         "'auto', or set 'sm' (streaming multiprocessors) or 'engine' (the copy engine)")
-    return choice
+def copy_choice(configured: str | None = None) -> str:
+    """How a pinned copy runs, `ds.wake_copy` (`configured`) as it applies (see `switches`): `auto` (the default:
+    the kernel right after a free, else the copy engine), `sm` (the kernel) or `engine` (the copy engine's
+    `copy_`)."""
+    return switch_value("wake_copy", configured)
 
 
-def sm_copy_applies(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf) -> bool:
+def sm_copy_applies(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf,
+                    choice: str | None = None) -> bool:
     """The kernel takes a copy from a pinned host tensor to a CUDA tensor of the same bytes, both contiguous and
-    16-byte aligned in address and size, when the choice is `sm`, or `auto` with the caller's last free less than
-    `DRIVER_BUSY_S` ago."""
-    choice = copy_choice()
+    16-byte aligned in address and size, when the choice (`ds.wake_copy`) is `sm`, or `auto` with the caller's last
+    free less than `DRIVER_BUSY_S` ago."""
+    choice = copy_choice(choice)
     wanted = choice == "sm" or (choice == "auto" and seconds_since_free < DRIVER_BUSY_S)
     return wanted and target.is_cuda and not source.is_cuda and source.is_pinned() \
         and target.is_contiguous() and source.is_contiguous() \
@@ -63,11 +60,11 @@ def sm_copy_applies(target: torch.Tensor, source: torch.Tensor, seconds_since_fr
         and (source.numel() * source.element_size()) % ALIGN_BYTES == 0
 
 
-def copy_pinned_to_device(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf) \
-        -> torch.Tensor:
+def copy_pinned_to_device(target: torch.Tensor, source: torch.Tensor, seconds_since_free: float = math.inf,
+                          choice: str | None = None) -> torch.Tensor:
     """Copy `source` (pinned host) into `target` (CUDA) on the current stream: by the kernel where
     `sm_copy_applies`, else by `target.copy_(source, non_blocking=True)`. Returns `target`."""
-    if not sm_copy_applies(target, source, seconds_since_free):
+    if not sm_copy_applies(target, source, seconds_since_free, choice):
         return target.copy_(source, non_blocking=True)
     return launch_copy_kernel(target, source)
 

@@ -97,7 +97,8 @@ class RewardModel:
                                     f"{settings.model_path!r}; no config.json there")
         prefix = head_prefix_of(settings.model_path, settings.value_head_prefix)
         model = load_value_model(settings.model_path, settings.param_dtype, prefix,
-                                 attn_implementation_for(settings.batching.is_packed))
+                                 attn_implementation_for(settings.batching.is_packed,
+                                                         kernel=settings.batching.packed_attention))
         getattr(model, prefix).weight.data.copy_(read_head_weight(settings.model_path, prefix).reshape(1, -1))
         model = model.eval().requires_grad_(False)
         self.weights = HostResidentWeights(model, device_name()) if settings.is_offloaded else None

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hybrid_core.engines.varlen_attention import VarlenBounds, causal_varlen_attention, varlen_attention_forward
-from hybrid_core.ring_plan import ring_group_ranks
+from hybrid_core.layout import ring_group_ranks
 
 RING_ATTENTION = "hybrid_ring"
 

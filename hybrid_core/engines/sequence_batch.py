@@ -74,12 +74,16 @@ class MicroBatching:
     `max_tokens` None: `num_samples` samples per micro-batch. Otherwise (dynamic batching) a token budget: see
     `split_micro_batches`. `is_packed`: one unpadded row per micro-batch instead of one padded row per sample.
     `logit_chunk_tokens`: response tokens the vocabulary head sees at a time (`vocab_head`; value heads ignore it).
+    `logprob_kernel` and `packed_attention`: the run's `ds.logprob_kernel` and `ds.packed_attention` (None: unset,
+    see `switches`).
     """
 
     num_samples: int
     max_tokens: int | None = None
     is_packed: bool = False
     logit_chunk_tokens: int = LOGIT_CHUNK_TOKENS
+    logprob_kernel: str | None = None
+    packed_attention: str | None = None
 
 
 def make_sequence_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int,

@@ -83,7 +83,7 @@ def _chunk_starts(head: torch.nn.Module, num_tokens: int, chunk_tokens: int, dev
 
 
 def _chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool,
-                 num_rows: int):
+                 num_rows: int, kernel: str | None):
     """The chunk's stats, the head run over at least `num_rows` rows: `hidden`'s, zero-padded when fewer (the
     padding's logits are dropped before the maths, so its rows get no gradient). An empty chunk (a ZeRO-3 rank's
     extra call) has no results to match and is not padded."""
@@ -92,17 +92,18 @@ def _chunk_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.T
         logits = head(F.pad(hidden, (0, 0, 0, num_rows - num_tokens)))[:num_tokens]
     else:
         logits = head(hidden)
-    logprobs, entropy = _token_stats(logits, token_ids, with_entropy)
+    logprobs, entropy = _token_stats(logits, token_ids, with_entropy, kernel)
     return logprobs, entropy if with_entropy else logprobs.new_zeros(0)
 
 
-def _token_stats(logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool):
+def _token_stats(logits: torch.Tensor, token_ids: torch.Tensor, with_entropy: bool, kernel: str | None):
     """A chunk's maths: the fused Triton kernels on CUDA (`logprob_kernel`, imported there only: the CPU build
-    need not have Triton), `algorithms.logprobs`' PyTorch ops elsewhere or when `HYBRID_LOGPROB_KERNEL=torch`."""
+    need not have Triton), `algorithms.logprobs`' PyTorch ops elsewhere or when `kernel` (`ds.logprob_kernel`) is
+    `torch`."""
     if logits.is_cuda:
         from hybrid_core.engines.logprob_kernel import fused_applies, fused_token_logprobs_and_entropy
 
-        if fused_applies(logits):
+        if fused_applies(logits, kernel):
             return fused_token_logprobs_and_entropy(logits, token_ids, with_entropy)
     return token_logprobs_and_entropy(logits, token_ids, with_entropy)
 
@@ -119,17 +120,18 @@ def _head_rows(device: torch.device, chunk_tokens: int) -> int:
 
 
 def head_token_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: torch.Tensor, chunk_tokens: int,
-                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     with_entropy: bool = False, kernel: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(N,) logprobs of `token_ids` and, with `with_entropy`, (N,) entropy, the head run on `chunk_tokens` rows of
-    `hidden` (N, H) at a time; with gradients each chunk is recomputed in the backward. N = 0 still runs the head
-    on the empty rows, so the result stays connected to the model (a loss over it backpropagates zeros)."""
+    `hidden` (N, H) at a time, by `kernel` (`ds.logprob_kernel`); with gradients each chunk is recomputed in the
+    backward. N = 0 still runs the head on the empty rows, so the result stays connected to the model (a loss over it
+    backpropagates zeros)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be ≥ 1: got {chunk_tokens}; set --ds.logit_chunk_tokens")
     pieces = []
     num_rows = _head_rows(hidden.device, chunk_tokens)
     for start in _chunk_starts(head, len(token_ids), chunk_tokens, hidden.device):
         args = (head, hidden[start:start + chunk_tokens], token_ids[start:start + chunk_tokens], with_entropy,
-                num_rows)
+                num_rows, kernel)
         if torch.is_grad_enabled():
             pieces.append(checkpoint(_chunk_stats, *args, use_reentrant=False, preserve_rng_state=False))
         else:
@@ -138,16 +140,17 @@ def head_token_stats(head: torch.nn.Module, hidden: torch.Tensor, token_ids: tor
     return logprobs, torch.cat([chunk_entropy for _, chunk_entropy in pieces]) if with_entropy else None
 
 
-def response_token_stats(model, batch: SequenceBatch, chunk_tokens: int,
-                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def response_token_stats(model, batch: SequenceBatch, chunk_tokens: int, with_entropy: bool = False,
+                         kernel: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (B, T) of the response tokens and, with `with_entropy`, their entropy (B, T); zero where
-    `response_mask` is 0."""
+    `response_mask` is 0 (`kernel`: `ds.logprob_kernel`)."""
     hidden = response_hidden_states(model, batch)
     logprobs, entropy = head_token_stats(output_head(model), hidden, batch.flat_response_ids, chunk_tokens,
-                                         with_entropy)
+                                         with_entropy, kernel)
     return to_response_layout(logprobs, batch), to_response_layout(entropy, batch) if with_entropy else None
 
 
-def response_logprobs(model, batch: SequenceBatch, chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> torch.Tensor:
+def response_logprobs(model, batch: SequenceBatch, chunk_tokens: int = LOGIT_CHUNK_TOKENS,
+                      kernel: str | None = None) -> torch.Tensor:
     """Per-token logprobs (B, T) of the response tokens, zero where `response_mask` is 0."""
-    return response_token_stats(model, batch, chunk_tokens)[0]
+    return response_token_stats(model, batch, chunk_tokens, kernel=kernel)[0]

@@ -11,60 +11,54 @@ It knows nothing about Prefect.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from hybrid_core.data.eval_tables import metric_key_name
 from hybrid_core.engines.checkpoint import remove_checkpoints, tag_of
 from hybrid_core.step_contract import CHECKPOINT
 from hybrid_core.types import PermanentError, StageResult
-from hybrid_core.workers import rank_group
-from hybrid_core.workers.step_ledger import result_from_entry
+from hybrid_core.workers.metrics_rows import MetricsRows
+from hybrid_core.workers.policy_lead import PolicyLead
+from hybrid_core.workers.stage_clock import CallClock
+from hybrid_core.workers.step_ledger import StepLedger, result_from_entry
 
 
 class CheckpointKeeper:
-    """Used by `ActorWorker` rank 0 (`worker`), which leads the policy's other ranks and the critic."""
+    """The checkpoints of the actor whose arguments are `args` (`ActorWorkerArgs`: ckpt_root, max_num,
+    best_metric_key), saved by its rank 0 through `lead` (the policy's other ranks and the critic), recorded in
+    `ledger`, the best judged from the committed metrics `rows`."""
 
-    def __init__(self, worker):
-        self.worker = worker
+    def __init__(self, args, ledger: StepLedger, lead: PolicyLead, rows: MetricsRows):
+        self.args, self.ledger, self.store, self.lead, self.rows = args, ledger, ledger.store, lead, rows
 
-    def save(self, step: int) -> StageResult:
-        w = self.worker
-        if w.ledger.entry(step, CHECKPOINT.name):  # saved before (kept or rotated away): nothing to redo
-            w.store.log_event(step, CHECKPOINT.name, "replay")
+    def save(self, step: int, clock: CallClock | None, own: Callable[[], str]) -> StageResult:
+        """Checkpoint step `step` (rank 0's part: `own`), unless saved before; then rotate."""
+        if self.ledger.entry(step, CHECKPOINT.name):  # saved before (kept or rotated away): nothing to redo
+            self.store.log_event(step, CHECKPOINT.name, "replay")
             return StageResult(stage=CHECKPOINT.name, step=step, seconds=0.0, replayed=True)
-        w.ledger.begin(step, CHECKPOINT.name)
-        timeout = w.run.stage_timeout_s
-        if "critic" in w.args.roles:
-            critic = rank_group.all_ranks(w.run, "critic", 1)[0]
-            rank_group.gather("critic", [(0, critic.save_checkpoint.remote(step))], timeout)
-        peer_calls = rank_group.started_on_peers(w._peers(), "save_share", step)  # DeepSpeed saves collectively
-        rank_group.with_peers("actor", peer_calls, lambda: w.save_own(step), timeout)
-        metric = best_metric_of(w.args.best_metric_key, w._committed_row(step))
-        entry = w.ledger.record(step, CHECKPOINT.name, w.clock, {}, tag=tag_of(step), kept=True, metric=metric)
+        self.ledger.begin(step, CHECKPOINT.name)
+        self.lead.save_critic(step)
+        self.lead.save(step, own)  # DeepSpeed saves collectively
+        metric = best_metric_of(self.args.best_metric_key, self.rows.committed(step))
+        entry = self.ledger.record(step, CHECKPOINT.name, clock, {}, tag=tag_of(step), kept=True, metric=metric)
         self._rotate()
         return result_from_entry(CHECKPOINT.name, step, entry)
 
     def _rotate(self) -> None:
         """Delete the checkpoints rotation evicts, mark their records not kept, and mark the best one."""
-        w = self.worker
-        steps = w.store.manifest()["steps"]
+        steps = self.store.manifest()["steps"]
         records = {int(k): v[CHECKPOINT.name] for k, v in steps.items() if (v.get(CHECKPOINT.name) or {}).get("kept")}
         metrics = {k: r["metric"] for k, r in records.items() if r.get("metric") is not None}
         best = best_step(metrics)
-        old = steps_to_evict(sorted(records), metrics, w.args.max_num, best)
+        old = steps_to_evict(sorted(records), metrics, self.args.max_num, best)
         if old:
-            remove_checkpoints(w.args.ckpt_root, old)
+            remove_checkpoints(self.args.ckpt_root, old)
         for k, record in records.items():
             changes = {"kept": False} if k in old else {}
             if record.get("best", False) != (k == best):
                 changes["best"] = k == best
             if changes:
-                w.store.update_manifest(k, {CHECKPOINT.name: record | changes})
-
-    def restore_critic(self, step: int) -> None:
-        w = self.worker
-        if "critic" in w.args.roles:
-            critic = rank_group.all_ranks(w.run, "critic", 1)[0]
-            rank_group.gather("critic", [(0, critic.restore.remote(step))], w.run.stage_timeout_s)
+                self.store.update_manifest(k, {CHECKPOINT.name: record | changes})
 
 
 def best_metric_of(key: str, row: dict[str, float]) -> float | None:

@@ -44,7 +44,8 @@ class CriticWorker:
         pad_id = load_tokenizer(args.model_path).pad_token_id
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds, args.num_ranks)  # pinned while the model loads
         model = load_value_model(args.model_path, args.ds.param_dtype, args.ds.value_head_prefix,
-                                 attn_implementation_for(args.ds.packing_samples, args.ds.ring_attn_size > 1),
+                                 attn_implementation_for(args.ds.packing_samples, args.ds.ring_attn_size > 1,
+                                                         args.ds.packed_attention),
                                  args.ds.use_liger_kernel)
         self.engine = DeepSpeedTrainEngine(model, args.critic, args.ds, args.train, args.total_optimizer_steps, pad_id,
                                            sleep_buffer)
@@ -54,17 +55,19 @@ class CriticWorker:
     def ready(self) -> dict:
         return {"trained_step": self.trained_step}
 
-    def _peers(self) -> list:
-        return rank_group.peers(self.run, "critic", self.args.num_ranks) if self.rank == 0 else []
+    def _peers(self) -> list[tuple[int, object]]:
+        """(rank, handle) of ranks 1..n-1, which rank 0 leads (none on the other ranks)."""
+        peers = rank_group.peers(self.run, "critic", self.args.num_ranks) if self.rank == 0 else []
+        return list(enumerate(peers, start=1))
 
     def save_checkpoint(self, step: int) -> str:
         """DeepSpeed saves collectively: rank 0 starts the other ranks' saves."""
-        peer_calls = rank_group.started_on_peers(self._peers(), "save_checkpoint", step)
+        peer_calls = [(rank, peer.save_checkpoint.remote(step)) for rank, peer in self._peers()]
         return rank_group.with_peers("critic", peer_calls, lambda: save_checkpoint(
             self.engine, self.args.ckpt_root, "critic", step, {"step": step}), self.run.stage_timeout_s)
 
     def restore(self, step: int) -> dict:
-        peer_calls = rank_group.started_on_peers(self._peers(), "restore", step)
+        peer_calls = [(rank, peer.restore.remote(step)) for rank, peer in self._peers()]
         rank_group.with_peers("critic", peer_calls, lambda: load_checkpoint(
             self.engine, self.args.ckpt_root, "critic", step), self.run.stage_timeout_s)
         self.trained_step = step
@@ -80,7 +83,7 @@ class CriticWorker:
         returns its namespaced figures."""
         if self.trained_step >= step:  # a re-attached critic that already trained this step
             return self.last_metrics
-        peer_calls = rank_group.started_on_peers(self._peers(), "train", step)  # each rank trains on its share
+        peer_calls = [(rank, peer.train.remote(step)) for rank, peer in self._peers()]  # each trains on its share
         stats = rank_group.with_peers("critic", peer_calls, lambda: self._fit(step), self.run.stage_timeout_s)
         self.trained_step = step
         self.last_metrics = {"critic/value_loss": stats["value_loss"], "critic/grad_norm": stats.get("grad_norm", 0.0)}

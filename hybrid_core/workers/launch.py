@@ -13,8 +13,8 @@ from hybrid_core.config import RunConfig
 from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.run_lease import RunLease
 from hybrid_core.engines.checkpoint import newest_checkpoint
-from hybrid_core.plan import engine_layout, role_bundles, run_node_blocks
-from hybrid_core.preflight import run_dir_problems
+from hybrid_core.plan.run_plan import RunPlan, run_plan
+from hybrid_core.plan.preflight import run_dir_problems
 from hybrid_core.step_contract import LiveVersions, can_reattach, first_incomplete_step, restore_step
 from hybrid_core.types import PermanentError, RunRef, WorkersStarted
 from hybrid_core.workers import placement
@@ -23,8 +23,8 @@ from hybrid_core.workers.critic import CriticWorker
 from hybrid_core.workers.ref import RefWorker
 from hybrid_core.workers.reward_model import RewardModelWorker
 from hybrid_core.workers.rollout import RolloutWorker
-from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, model_output_uri, num_engines,
-                                             ref_settings, reward_model_settings, role_ranks, rollout_args)
+from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, model_output_uri, ref_settings,
+                                             reward_model_settings, rollout_args)
 
 LIVE_TIMEOUT_S = 120  # a live worker still finishing a call of the killed driver answers after it
 CLOSE_TIMEOUT_S = 15  # flushing the metric sinks takes well under a second
@@ -56,17 +56,16 @@ def open_run(cfg: RunConfig, run: RunRef, must_exist: bool = False) -> bool:
     return False
 
 
-def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
+def _spawn_all(cfg: RunConfig, run: RunRef, plan: RunPlan) -> int:
     """Start every actor of the run at once (their processes import side by side), then build their engines; returns
     the run's number of steps. On a GPU the rollout engines are built first (their memory profile must run before
     the trainers allocate), then the actor's, reference's, critic's and reward model's ranks together; on CPU all at
     once."""
-    _, bundles = role_bundles(cfg)
-    slots = {role: placement.Slot(index, share) for role, (index, share) in bundles.items()}
+    slots = {row.role: placement.Slot(row.first_bundle, row.share) for row in plan.rows}
     on_cpu = cfg.train.device == "cpu"
-    pg = placement.RunPlacement(run, run_node_blocks(cfg), on_cpu)
-    ranks = role_ranks(cfg)
-    layout = engine_layout(cfg)  # engine e's TP workers on bundles e·T … e·T + T − 1 of the rollout's
+    pg = placement.RunPlacement(run, plan.blocks, on_cpu)
+    ranks = plan.role_ranks
+    layout = plan.engines  # engine e's TP workers on bundles e·T … e·T + T − 1 of the rollout's
     engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(layout.bundles(e).start, slots["rollout"].share),
                         rank=e, tp_bundles=layout.bundles(e) if layout.tensor_parallel_size > 1 else ())
                for e in range(layout.num_engines)]
@@ -75,14 +74,14 @@ def _spawn_all(cfg: RunConfig, run: RunRef) -> int:
                                          ("critic", CriticWorker, cfg.uses_critic),
                                          ("reward", RewardModelWorker, cfg.uses_reward_model)) if is_used}
     faults, extensions = placement.injected_faults(), placement.extensions_dir()
-    rollout = rollout_args(cfg, faults)
+    rollout = rollout_args(cfg, faults, plan=plan)
     num_steps = rollout.prompts.num_steps()  # counted here while the processes import: the trainers need it
     seen = _ask_sees_run_dir(run, {"rollout": engines} | groups)
     building = [e.construct.remote(run, rollout, rank) for rank, e in enumerate(engines)]
     if not on_cpu:
         ray.get(building, timeout=placement.READY_TIMEOUT_S)
-    policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key())
-    critic = critic_args(cfg, num_steps, run, extensions) if cfg.uses_critic else None
+    policy = actor_args(cfg, num_steps, run, extensions, faults, placement.has_wandb_key(), plan=plan)
+    critic = critic_args(cfg, num_steps, run, extensions, plan=plan) if cfg.uses_critic else None
     args_of = {"actor": lambda rank: (run, policy, rank), "critic": lambda rank: (run, critic, rank),
                "ref": lambda rank: (ref_settings(cfg),),  # the reference's and reward model's replicas: no rank
                "reward": lambda rank: (reward_model_settings(cfg),)}
@@ -102,7 +101,7 @@ def _rank_slot(first: placement.Slot, rank: int) -> placement.Slot:
 
 
 def _spawn_ranks(pg: placement.RunPlacement, cls, role: str, first: placement.Slot, num_ranks: int) -> list:
-    """The role's ranks, in order across its nodes (rank r on the r-th bundle of its group: see `node_layout`)."""
+    """The role's ranks, in order across its nodes (rank r on the r-th bundle of its group: see `layout.node_blocks`)."""
     return [pg.spawn(cls, role, _rank_slot(first, rank), rank=rank, rendezvous=placement.Rendezvous(rank, num_ranks))
             for rank in range(num_ranks)]
 
@@ -167,14 +166,15 @@ def live_versions(run: RunRef, engines: int, ranks: dict[str, int]) -> tuple[Liv
     return live, infos[0]["num_steps"]
 
 
-def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
+def start_workers(cfg: RunConfig, run: RunRef, plan: RunPlan | None = None) -> WorkersStarted:
     """Re-attach to the run's live actors when they hold exactly the version its first incomplete step needs;
-    otherwise create them and restore the newest checkpoint before that step (the steps after it are replayed from
-    the store)."""
+    otherwise create them on the run's plan (the preflight's; made here without one) and restore the newest
+    checkpoint before that step (the steps after it are replayed from the store)."""
+    plan = plan or run_plan(cfg)
     placement.connect()
     # first the live workers: one still finishing the killed driver's last call answers after it has committed, so
     # the manifest read next holds that stage (read before, it would miss it and the workers would look a step ahead)
-    live, num_steps = live_versions(run, num_engines(cfg), role_ranks(cfg))
+    live, num_steps = live_versions(run, plan.engines.num_engines, plan.role_ranks)
     store = RolloutStore(run.run_dir)
     steps, committed = store.manifest()["steps"], store.committed_markers()
     first = first_incomplete_step(steps, committed, save_steps=cfg.ckpt.save_steps, eval_steps=cfg.eval.steps)
@@ -184,7 +184,7 @@ def start_workers(cfg: RunConfig, run: RunRef) -> WorkersStarted:
         return WorkersStarted(num_steps=num_steps, next_step=first, restored_step=live.trained_step, is_attached=True,
                               model_uri=model_uri)
     placement.kill_run(run)
-    num_steps = _spawn_all(cfg, run)
+    num_steps = _spawn_all(cfg, run, plan)
     restored = restore_step(first, steps)
     if not steps and cfg.ckpt.load_enable:  # a new run that starts from the newest checkpoint under ckpt.path
         restored = newest_checkpoint(ckpt_root(cfg, run))

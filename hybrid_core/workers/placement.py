@@ -1,5 +1,5 @@
 """Ray placement for a run: connecting to Ray, the run's placement groups (one per node of each role group, see
-`node_layout`), and creating/killing named actors.
+`layout`), and creating/killing named actors.
 
 Owns the only reads of environment variables (RAY_ADDRESS, cache locations, HYBRID_FAULTS) and the runtime env each
 role's process gets (vLLM's settings, DeepSpeed's CPU accelerator, ranks), and where a role's ranks meet: the
@@ -23,7 +23,8 @@ from ray.util.placement_group import PlacementGroup, placement_group, placement_
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from hybrid_core.data.rollout_store import RolloutStore
-from hybrid_core.node_layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
+from hybrid_core.layout import NodeBlock, cpu_per_bundle, shared_block, unplaceable
+from hybrid_core.switches import SWITCHES
 from hybrid_core.types import RunRef
 from hybrid_core.workers.faults import Fault, parse_faults
 
@@ -75,7 +76,9 @@ def free_port() -> int:
 # The object store's and W&B's settings travel from the driver to every worker through Ray's runtime env (a
 # cluster's workers do not share its environment). Secrets do not: Ray's runtime-env agent logs runtime envs in
 # plain text, so they go as a constructor argument each worker puts into its own environment first (`deferred`).
-FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL")
+# The switches' variables stand in for `ds.*` fields left unset (`switches`): the driver's reach every worker.
+FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "WANDB_MODE", "WANDB_BASE_URL",
+                 *(switch.env for switch in SWITCHES.values()))
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "WANDB_API_KEY")
 
 
@@ -196,7 +199,7 @@ def is_run_pg(run: RunRef, name: str) -> bool:
 
 
 class RunPlacement:
-    """The run's placement groups, one per node of each role group (`plan.run_node_blocks`), each of STRICT_PACK
+    """The run's placement groups, one per node of each role group (`RunPlan.blocks`), each of STRICT_PACK
     bundles (they must share one node), and the actors placed in them. A slot's bundle index counts across the
     run; the block holding it says which group and which bundle of it."""
 

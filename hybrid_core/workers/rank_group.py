@@ -128,8 +128,3 @@ def with_peers(role: str, peer_calls: Sequence[tuple[int, object]], own: Callabl
     result = own()
     gather(role, peer_calls, timeout_s, deadline)
     return result
-
-
-def started_on_peers(handles: Sequence, method: str, *args) -> list[tuple[int, object]]:
-    """Start `method(*args)` on each peer handle (ranks 1, 2, …); returns the `(rank, object ref)` pairs."""
-    return [(rank, getattr(handle, method).remote(*args)) for rank, handle in enumerate(handles, start=1)]

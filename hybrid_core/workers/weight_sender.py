@@ -1,4 +1,4 @@
-"""Sending the actor's weights to the run's rollout workers, by the run's transport (see `plan.sync_transport`).
+"""Sending the actor's weights to the run's rollout workers, by the run's transport (`placement.sync_transport`).
 
 Owns the three ways a bucket travels: by value through Ray's object store (colocated on CPU; one object shared
 by every engine), as CUDA IPC handles of persistent GPU buffers (colocated on GPUs: every actor rank hands its copy to

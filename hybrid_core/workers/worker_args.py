@@ -1,8 +1,9 @@
 """Each role's settings from the run's configuration: RunConfig → the arguments its Ray actor is created with.
 
 Every field is set by keyword from the configuration it comes from, so no setting has a default that could differ
-from the config's. Owns which roles a configuration needs and their data-parallel ranks. Pure functions: it starts
-nothing and knows nothing about Prefect.
+from the config's; where a role runs and with how many ranks is read from the run's plan (`plan.run_plan`, made once
+and passed in; a caller without one gets it made here). Pure functions: it starts nothing and knows nothing about
+Prefect.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
-from hybrid_core.plan import engine_layout, make_placement, sync_transport
+from hybrid_core.plan.run_plan import RunPlan, run_plan
 from hybrid_core.rewards.sources import RewardSourceSpec
 from hybrid_core.types import RunRef
 from hybrid_core.workers.actor import ActorWorkerArgs
@@ -42,12 +43,10 @@ def num_engines(cfg: RunConfig) -> int:
     return cfg.vllm.num_engines or 1
 
 
-def role_ranks(cfg: RunConfig) -> dict[str, int]:
+def role_ranks(cfg: RunConfig, plan: RunPlan | None = None) -> dict[str, int]:
     """Data-parallel ranks of the actor, reference, critic and reward model: one per bundle of the placement group
     each sits in (a colocated group is as wide as its first role, the actor, or the critic beside the reward)."""
-    layout = make_placement(cfg)
-    roles = (*cfg.roles, "reward") if cfg.uses_reward_model else cfg.roles
-    return {role: layout.group_of(role).num_bundles for role in ("actor", "ref", "critic", "reward") if role in roles}
+    return (plan or run_plan(cfg)).role_ranks
 
 
 def reward_model_settings(cfg: RunConfig) -> RewardModelSettings:
@@ -93,7 +92,8 @@ def train_batching(cfg: RunConfig) -> MicroBatching:
     t = cfg.train
     return MicroBatching(num_samples=t.micro_batch_size,
                          max_tokens=t.max_tokens_per_gpu * cfg.ds.ring_attn_size if t.dynamic_batch_enable else None,
-                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
+                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens,
+                         logprob_kernel=cfg.ds.logprob_kernel, packed_attention=cfg.ds.packed_attention)
 
 
 def forward_batching(cfg: RunConfig) -> MicroBatching:
@@ -102,7 +102,8 @@ def forward_batching(cfg: RunConfig) -> MicroBatching:
     budget = (cfg.rollout.max_tokens_per_gpu or cfg.train.max_tokens_per_gpu) * cfg.ds.ring_attn_size
     return MicroBatching(num_samples=cfg.rollout.micro_batch_size,
                          max_tokens=budget if cfg.train.dynamic_batch_enable else None,
-                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens)
+                         is_packed=cfg.ds.packing_samples, logit_chunk_tokens=cfg.ds.logit_chunk_tokens,
+                         logprob_kernel=cfg.ds.logprob_kernel, packed_attention=cfg.ds.packed_attention)
 
 
 def ring_settings(cfg: RunConfig) -> RingSettings:
@@ -121,8 +122,9 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process)
 
 
-def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
+def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None) -> RolloutWorkerArgs:
     r, d, rw = cfg.rollout, cfg.data, cfg.reward
+    plan = plan or run_plan(cfg)
     prompts = PromptSource(dataset=d.prompt_dataset, probs=d.prompt_probs, split=d.prompt_split,
                            input_key=d.input_key, label_key=d.label_key, max_samples=d.max_samples,
                            batch_size=r.batch_size, num_episodes=cfg.train.num_episodes,
@@ -139,7 +141,7 @@ def rollout_args(cfg: RunConfig, faults: tuple = ()) -> RolloutWorkerArgs:
                                 retry_budget_s=rw.retry_budget_s, remote_batch_size=rw.remote_batch_size),
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
-        num_engines=num_engines(cfg), reward_model_ranks=role_ranks(cfg).get("reward", 0),
+        num_engines=plan.engines.num_engines, reward_model_ranks=plan.role_ranks.get("reward", 0),
         is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), agent=agent_settings(cfg), faults=faults)
 
 
@@ -209,8 +211,9 @@ def engine_wake_share(cfg: RunConfig) -> float:
 
 
 def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str, faults: tuple = (),
-               has_wandb_key: bool = False) -> ActorWorkerArgs:
+               has_wandb_key: bool = False, plan: RunPlan | None = None) -> ActorWorkerArgs:
     rw = cfg.reward
+    plan = plan or run_plan(cfg)
     penalties = PenaltySettings(max_new_tokens=max_new_tokens(cfg), overlong_buffer_len=rw.overlong_buffer_len,
                                 overlong_penalty_factor=rw.overlong_penalty_factor,
                                 stop_properly_penalty_coef=rw.stop_properly_penalty_coef)
@@ -222,15 +225,16 @@ def actor_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
         roles=cfg.roles, freezing_steps=cfg.critic.freezing_steps, is_update_on_policy=is_on_policy(cfg),
         extensions_dir=extensions_dir,
         sinks=sink_settings(cfg, run, has_wandb_key), ckpt_root=ckpt_root(cfg, run), save_hf=cfg.ckpt.save_hf,
-        max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=sync_transport(cfg),
-        engines=engine_layout(cfg), role_ranks=tuple(role_ranks(cfg).items()),
+        max_num=cfg.ckpt.max_num, best_metric_key=cfg.ckpt.best_metric_key, sync_transport=plan.sync_transport,
+        engines=plan.engines, role_ranks=tuple(plan.role_ranks.items()),
         starts_forwards_early=not cfg.uses_reward_model, engine_wake_share=engine_wake_share(cfg), faults=faults)
 
 
-def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str) -> CriticWorkerArgs:
+def critic_args(cfg: RunConfig, num_steps: int, run: RunRef, extensions_dir: str,
+                plan: RunPlan | None = None) -> CriticWorkerArgs:
     path = cfg.critic.model_name_or_path or cfg.reward.model_name_or_path or cfg.actor.model_name_or_path
     return CriticWorkerArgs(model_path=path, critic=cfg.critic, ds=cfg.ds, train=cfg.train,
                             forward_batching=forward_batching(cfg), train_batching=train_batching(cfg),
                             total_optimizer_steps=total_optimizer_steps(cfg, num_steps),
                             extensions_dir=extensions_dir, ckpt_root=ckpt_root(cfg, run),
-                            num_ranks=role_ranks(cfg).get("critic", 1))
+                            num_ranks=role_ranks(cfg, plan).get("critic", 1))

@@ -108,7 +108,7 @@ def _head_peak(head, num_tokens: int, chunk: int) -> int:
 
 def test_one_chunk_holds_what_the_plan_counts(cuda, standin):
     from hybrid_core.config import RunConfig
-    from hybrid_core.memory_plan import GIB, logit_bytes
+    from hybrid_core.plan.memory import GIB, logit_bytes
 
     chunk, head = 4096, _model(standin, "bf16").lm_head
     vocab, hidden_size = head.weight.shape

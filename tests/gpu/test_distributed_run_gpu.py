@@ -1,6 +1,6 @@
 """Distributed mode on two GPUs: `hybrid train` without --train.colocate_all puts the actor and the reference on
 GPU 0 and the vLLM engine on GPU 1 of their own, and every sync is an NCCL broadcast of flat buckets from the
-actor to the engine (`plan.sync_transport` = process_group:nccl). Needs 2 GPUs (skipped on one).
+actor to the engine (`plan.placement.sync_transport` = process_group:nccl). Needs 2 GPUs (skipped on one).
 
 The check that the broadcast carried the weights: at step 2 the engine's logprobs of its own samples
 (`rollout_logprobs`) match the trained actor's (`old_logprobs`), while the reference (the initial weights) is far
@@ -57,7 +57,8 @@ def test_distributed_run_syncs_over_nccl(standin, two_gpus, tmp_path):
     import pyarrow.dataset as pds
 
     from hybrid_core.config import RunConfig
-    from hybrid_core.plan import make_placement, sync_transport
+    from hybrid_core.plan.placement import make_placement
+    from hybrid_core.plan.run_plan import sync_transport
 
     config = distributed_config(standin, tmp_path)
     cfg = RunConfig.model_validate(yaml.safe_load(config.read_text()))

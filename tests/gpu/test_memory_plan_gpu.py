@@ -23,7 +23,7 @@ def planned_gib(standin, tokens: int) -> dict[str, float]:
     """The plan's terms for this rank: everything the trainer keeps in PyTorch's pool (contexts and NCCL/cuBLAS
     buffers live outside it, so they are left out of both sides)."""
     from hybrid_core.config import RunConfig
-    from hybrid_core.memory_plan import model_shape, trainer_bytes
+    from hybrid_core.plan.memory import model_shape, trainer_bytes
 
     cfg = RunConfig.model_validate({"actor": {"model_name_or_path": str(standin), "num_gpus_per_node": 1},
                                     "ds": {"zero_stage": 2},

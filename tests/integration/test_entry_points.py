@@ -31,7 +31,7 @@ UNIMPLEMENTED = ["--ds.load_in_4bit", "--ds.lora.rank", "8", "--ds.lora.alpha", 
 def test_rl_train_refuses_what_hybrid_train_refuses_before_any_worker(tmp_path, tiny_model, ray_session,
                                                                        prefect_server):
     from flows.rl_train import rl_train
-    from hybrid_core.preflight import PreflightError
+    from hybrid_core.plan.preflight import PreflightError
 
     cli = subprocess.run([sys.executable, "-m", "flows.cli", "train", *MICRO_FLAGS, "--store.root", str(tmp_path),
                           "--run_id", "refused", *UNIMPLEMENTED], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -93,7 +93,7 @@ def test_rl_train_refuses_a_literal_wandb_key_in_a_dict_before_prefect_stores_or
 
     from flows.rl_train import rl_train
     from hybrid_core.config import ConfigError
-    from hybrid_core.preflight import PreflightError
+    from hybrid_core.plan.preflight import PreflightError
 
     cfg = micro_config(tmp_path).model_dump(mode="json")
     cfg["logger"]["wandb"]["key"] = SECRET
@@ -234,7 +234,7 @@ def test_the_flow_refuses_each_bad_input_with_the_refusal_of_hybrid_train(case, 
                                                                          prefect_server):
     from flows.rl_train import rl_train
     from hybrid_core.flags import parse_cli
-    from hybrid_core.preflight import PreflightError
+    from hybrid_core.plan.preflight import PreflightError
     from tests.unit.test_cli_refusals import DEMO, _cases, hybrid_train
 
     flags, expected = _cases(tmp_path)[case]

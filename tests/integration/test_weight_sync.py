@@ -47,7 +47,7 @@ def distributed_run(tmp_path_factory, tiny_model, ray_session):
     from conftest import MICRO_FLAGS, REPO_ROOT
 
     from hybrid_core.flags import parse_cli
-    from hybrid_core.plan import role_bundles, sync_transport
+    from hybrid_core.plan.run_plan import role_bundles, sync_transport
     from hybrid_core.workers import launch
     from hybrid_core.workers.worker_args import run_ref
 

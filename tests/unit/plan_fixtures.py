@@ -7,7 +7,7 @@ import pytest
 def logprob_kernels(monkeypatch):
     """Whether Triton is installed, as the memory plan sees it: not, unless a test says so (the plan's figures by hand
     are the PyTorch head's, whatever this machine has installed: the CPU build's vLLM brings Triton)."""
-    import hybrid_core.memory_plan as memory_plan
+    import hybrid_core.plan.memory as memory_plan
 
     def installed(value: bool) -> None:
         monkeypatch.setattr(memory_plan, "triton_installed", lambda: value)

@@ -57,7 +57,7 @@ def test_the_seed_deployment_is_the_seed_recipe_with_local_files_on_the_gpu_pool
 
     from hybrid_core.config import leaf_values
     from hybrid_core.flags import parse_cli
-    from hybrid_core.plan import render_plan
+    from hybrid_core.plan.report import render_plan
 
     qwen = deployments()["qwen3-4b-math-hybrid"]
     assert qwen["work_pool"]["name"] == "hybrid-gpu"
@@ -73,7 +73,7 @@ def test_the_seed_deployment_is_the_seed_recipe_with_local_files_on_the_gpu_pool
 
 
 def test_the_seed_deployment_is_refused_by_the_preflight_with_its_reasons(tmp_path, monkeypatch):
-    from hybrid_core.preflight import run_problems
+    from hybrid_core.plan.preflight import run_problems
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub model is then needed from a cache that lacks it
     cfg = RunConfig.model_validate(parameter_set("qwen3-4b-math-hybrid") | {"store": {"root": str(tmp_path)}})

@@ -1,4 +1,4 @@
-"""engine_layout: where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
+"""layout (engines): where an engine's TP workers sit and which actor rank feeds each; the run's layout from its
 configuration (plan.engine_layout), what `hybrid plan` shows of it, what a GPU engine's process is told (placement)
 where a GPU engine and its workers sit on several nodes (placement.seat), and how vLLM runs the workers
 (vllm_rollout.executor_backend, among the engine's options) and where its core runs (vllm.engine_core_process)."""
@@ -7,11 +7,12 @@ import os
 import pytest
 
 from hybrid_core.config import ConfigError
-from hybrid_core.engine_layout import EngineLayout, engine_lines
+from hybrid_core.layout import EngineLayout
 from hybrid_core.engines.vllm_rollout import EngineSettings, engine_options, executor_backend
 from hybrid_core.flags import parse_cli
-from hybrid_core.plan import (engine_layout, preflight_problems, render_plan, role_bundles, run_node_blocks,
-                              sync_transport)
+from hybrid_core.plan.run_plan import engine_layout, role_bundles, run_node_blocks, sync_transport
+from hybrid_core.plan.refusals import preflight_problems
+from hybrid_core.plan.report import engine_lines, render_plan
 from hybrid_core.workers.placement import pg_name, role_env, seat, tp_engine_env
 from hybrid_core.workers.worker_args import run_ref
 from test_plan import INPUT_FLAGS

@@ -3,8 +3,8 @@ import subprocess
 
 import pytest
 
-from hybrid_core import gpu_probe
-from hybrid_core.gpu_probe import gpu_memory_gib
+from hybrid_core.plan import gpu_probe
+from hybrid_core.plan.gpu_probe import gpu_memory_gib
 
 
 def _fake_nvidia_smi(monkeypatch, answers: dict[str, tuple[int, str]]):
@@ -27,5 +27,5 @@ def test_gpu_memory_from_nvidia_smi(monkeypatch):
     _fake_nvidia_smi(monkeypatch, {"memory.total,memory.reserved": (6, "Field is not a valid field\n"),
                                    "memory.total": (9, "")})
     assert gpu_memory_gib() is None
-    monkeypatch.setattr("hybrid_core.gpu_probe.shutil.which", lambda name: None)
+    monkeypatch.setattr("hybrid_core.plan.gpu_probe.shutil.which", lambda name: None)
     assert gpu_memory_gib() is None

@@ -1,4 +1,4 @@
-"""Unit tests for hybrid_core.hub: hub ids told from local paths, and a hub model under HF_HUB_OFFLINE checked against
+"""Unit tests for hybrid_core.data.hub: hub ids told from local paths, and a hub model under HF_HUB_OFFLINE checked against
 a real huggingface_hub cache layout written here (no network)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hybrid_core.hub import (dataset_hub_problems, dataset_in_cache, hub_dataset_error, hub_offline, is_hub_name,
+from hybrid_core.data.hub import (dataset_hub_problems, dataset_in_cache, hub_dataset_error, hub_offline, is_hub_name,
                              model_hub_problems, model_in_cache)
 
 

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from hybrid_core.config import RunConfig
-from hybrid_core.memory_plan import (GIB, ModelShape, estimate_memory, fit_summary, model_shape,
+from hybrid_core.plan.memory import (GIB, ModelShape, estimate_memory, fit_summary, model_shape,
                                      optimizer_bytes_per_param, render_memory, trainer_bytes)
 from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
 
@@ -39,7 +39,7 @@ def terms(phase) -> dict[str, float]:
 def liger(monkeypatch):
     """Whether the liger-kernel package is installed, as the plan sees it: not, unless a test says so (the figures
     by hand are the model's own kernels, whatever this machine has installed)."""
-    import hybrid_core.memory_plan as memory_plan
+    import hybrid_core.plan.memory as memory_plan
 
     def installed(value: bool) -> None:
         monkeypatch.setattr(memory_plan, "liger_installed", lambda: value)

@@ -2,7 +2,7 @@
 when the optimizer step's temporaries come out of the blocks the backward freed."""
 import pytest
 
-from hybrid_core.memory_plan import GIB, model_shape, trainer_bytes
+from hybrid_core.plan.memory import GIB, model_shape, trainer_bytes
 from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
 from tests.unit.test_memory_plan import HEAD_GRADIENT_SUM, QWEN3_1_7B_PARAMS, config
 

@@ -1,8 +1,9 @@
-"""node_layout: role groups cut into per-node placement groups, ranks in order across nodes, CPU shares per node."""
+"""layout (nodes): role groups cut into per-node placement groups, ranks in order across nodes, CPU shares per node."""
 import pytest
 
-from hybrid_core.node_layout import (NodeBlock, block_of, cpu_per_bundle, node_blocks, node_lines, node_sizes,
-                                     rank_span, shared_block, unplaceable)
+from hybrid_core.layout import (NodeBlock, block_of, cpu_per_bundle, node_blocks, node_sizes, rank_span,
+                                shared_block, unplaceable)
+from hybrid_core.plan.report import node_lines
 
 
 def test_a_group_fills_its_nodes_in_turn_and_the_last_takes_the_rest():

@@ -3,9 +3,11 @@ import pytest
 
 from hybrid_core.config import RunConfig, leaf_paths
 from hybrid_core.flags import parse_cli
-from hybrid_core.node_layout import NodeBlock
-from hybrid_core.plan import (IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, GpuGroup, make_placement, not_implemented,
-                              preflight_problems, render_plan, role_bundles, run_node_blocks, sync_transport)
+from hybrid_core.layout import NodeBlock
+from hybrid_core.plan.placement import GpuGroup, make_placement
+from hybrid_core.plan.run_plan import role_bundles, run_node_blocks, sync_transport
+from hybrid_core.plan.refusals import IMPLEMENTED_FLAGS, IMPLEMENTED_VALUES, not_implemented, preflight_problems
+from hybrid_core.plan.report import render_plan
 from test_flags import SEED_ARGV  # the spec's launch recipe, verbatim
 
 from tests.conftest import REPO_ROOT
@@ -122,7 +124,7 @@ def test_default_config_sets_nothing_unimplemented():
 
 
 def test_unimplemented_choice_values_are_reported(monkeypatch):
-    from hybrid_core import plan
+    from hybrid_core.plan import refusals as plan
 
     monkeypatch.setitem(plan.IMPLEMENTED_VALUES, "algo.advantage.estimator", frozenset({"rloo"}))
     assert not_implemented(RunConfig()) == ["--algo.advantage.estimator (value 'gae'; implemented: rloo)"]

@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from hybrid_core.flags import parse_cli
-from hybrid_core.memory_plan import GIB, estimate_memory
-from hybrid_core.plan import make_placement, preflight_problems, render_plan, role_bundles
-from hybrid_core.preflight import input_problems, value_head_problems
+from hybrid_core.plan.memory import GIB, estimate_memory
+from hybrid_core.plan.placement import make_placement
+from hybrid_core.plan.run_plan import role_bundles
+from hybrid_core.plan.refusals import preflight_problems
+from hybrid_core.plan.report import render_plan
+from hybrid_core.plan.preflight import input_problems, value_head_problems
 from hybrid_core.workers.worker_args import reward_model_settings, role_ranks, rollout_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Ring attention in the plan (hybrid_core.ring_plan, plan.py, memory_plan.py): the refusals of `hybrid train`
+"""Ring attention in the plan (hybrid_core.plan: ring.py, placement.py, memory.py): the refusals of `hybrid train`
 naming both values and the fix, the ring groups `hybrid plan` prints, how a role's ranks share the rows of a no-grad
 forward, and the memory a ring divides (a sample's activations and logits) or adds (the gathered keys and values)."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ import json
 import pytest
 
 from hybrid_core.config import RunConfig
-from hybrid_core.memory_plan import GIB, model_shape, trainer_bytes
-from hybrid_core.plan import preflight_problems, render_plan
+from hybrid_core.plan.memory import GIB, model_shape, trainer_bytes
+from hybrid_core.plan.refusals import preflight_problems
+from hybrid_core.plan.report import render_plan
 from hybrid_core.workers.rank_group import sharded_rows
 from tests.conftest import REPO_ROOT
 from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
@@ -139,7 +140,7 @@ def test_a_ring_divides_activations_and_logits_and_adds_the_gathered_keys():
 
 
 def test_a_token_budget_is_a_gpus_so_a_ring_micro_batch_holds_ring_size_times_it(model_dir):
-    from hybrid_core.memory_plan import forward_tokens_of, train_tokens
+    from hybrid_core.plan.memory import forward_tokens_of, train_tokens
     from hybrid_core.workers.worker_args import forward_batching, train_batching
 
     cfg = ring_config(model_dir, train={"dynamic_batch_enable": True, "max_tokens_per_gpu": 3000},

@@ -10,7 +10,7 @@ import torch
 from hybrid_core.engines.ring_attention import RingGroup, attend_chunk, ring_chunk
 from hybrid_core.engines.ring_batch import padded_length, shard_packed_row
 from hybrid_core.engines.sequence_batch import make_sequence_batch
-from hybrid_core.ring_plan import ring_group_ranks
+from hybrid_core.layout import ring_group_ranks
 from tests.ring_simulation import simulated_ring_attention
 
 PAD = 99

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from hybrid_core.config import RunConfig
 from hybrid_core.data.eval_tables import eval_metric_keys, metric_key_name
+from hybrid_core.data.hub import dataset_hub_problems, model_hub_problems
 from hybrid_core.data.prompt_check import prompt_dataset_problems
 from hybrid_core.data.rollout_store import MANIFEST, ManifestError, RolloutStore, store_root_problems
 from hybrid_core.data.run_lease import LEASE
-from hybrid_core.hub import dataset_hub_problems, model_hub_problems
-from hybrid_core.plan import preflight_problems as plan_problems
+from hybrid_core.plan.refusals import plan_problems
+from hybrid_core.plan.run_plan import RunPlan, run_plan
 from hybrid_core.rewards.agents import agent_file_problems
 from hybrid_core.rewards.remote_http import probe_problems
 from hybrid_core.rewards.reward_func import reward_file_problems
@@ -154,12 +155,20 @@ def run_dir_problems(cfg: RunConfig, run_dir: str, must_exist: bool = False) -> 
     return []
 
 
-def run_problems(cfg: RunConfig, run_dir: str, num_gpus: int, gpu_total_gib: float | None,
-                 must_exist: bool = False, can_reach_store: bool = True) -> list[str]:
-    """Every reason this run cannot start (empty when it can). `can_reach_store` False skips the store's checks (its
-    credentials come from a Prefect Secret block that only the flow loads)."""
-    problems = plan_problems(cfg, num_gpus, gpu_total_gib) + input_problems(cfg) + best_metric_problems(cfg)
+def check_run(cfg: RunConfig, run_dir: str, num_gpus: int | None, gpu_total_gib: float | None,
+              must_exist: bool = False, can_reach_store: bool = True) -> tuple[RunPlan, list[str]]:
+    """The run's plan, made here once for this GPU's memory, and every reason the run cannot start (empty when it
+    can). `can_reach_store` False skips the store's checks (its credentials come from a Prefect Secret block that
+    only the flow loads)."""
+    plan = run_plan(cfg, gpu_total_gib)
+    problems = plan_problems(cfg, plan, num_gpus) + input_problems(cfg) + best_metric_problems(cfg)
     if not can_reach_store:
-        return problems
+        return plan, problems
     store = store_root_problems(cfg.store.root)
-    return problems + (store or run_dir_problems(cfg, run_dir, must_exist))
+    return plan, problems + (store or run_dir_problems(cfg, run_dir, must_exist))
+
+
+def run_problems(cfg: RunConfig, run_dir: str, num_gpus: int | None, gpu_total_gib: float | None,
+                 must_exist: bool = False, can_reach_store: bool = True) -> list[str]:
+    """`check_run`'s problems alone."""
+    return check_run(cfg, run_dir, num_gpus, gpu_total_gib, must_exist, can_reach_store)[1]

@@ -1,12 +1,8 @@
-"""How a run's bundles fall on nodes: each role group's bundles cut into per-node blocks, one placement group each.
+"""Where a run's ranks sit: each role group's bundles cut into per-node blocks (one placement group each), the vLLM
+engines' tensor-parallel (TP) workers on those bundles and which actor rank feeds each, and ring attention's groups.
 
-A group of `num_nodes × gpus_per_node` bundles becomes `num_nodes` blocks of `gpus_per_node` bundles (a group whose
-size is not a multiple, the engines' own group, fills its nodes in turn and leaves the rest to the last). Each block
-is one placement group whose bundles must share a node (Ray's STRICT_PACK), so rank r of a role sits on node
-r // gpus_per_node of its group, beside ranks of the same node — what OpenRLHF reaches by regrouping one PACK group's
-bundles by node (`get_bundle_indices`, ray#51117), here by construction. Bundles keep one index across the run
-(the groups one after another), so the roles' slots stay plain numbers.
-Pure arithmetic: no Ray, no configuration.
+Pure arithmetic over counts: no Ray, no torch, no configuration, so the plan, the workers and the engines read the
+same numbers from this one leaf. Bundles keep one index across the run (the groups one after another).
 """
 from __future__ import annotations
 
@@ -38,7 +34,14 @@ class NodeBlock:
 
 
 def node_blocks(groups: Sequence[tuple[int, int]]) -> tuple[NodeBlock, ...]:
-    """The blocks of the run's groups, given each group's `(num_bundles, per_node)` in the run's bundle order."""
+    """The blocks of the run's groups, given each group's `(num_bundles, per_node)` in the run's bundle order.
+
+    A group of `num_nodes × gpus_per_node` bundles becomes `num_nodes` blocks of `gpus_per_node` bundles (a group
+    whose size is not a multiple, the engines' own group, fills its nodes in turn and leaves the rest to the last).
+    Each block is one placement group whose bundles share a node (Ray's STRICT_PACK), so rank r of a role sits on
+    node r // gpus_per_node of its group: what OpenRLHF reaches by regrouping one PACK group's bundles by node
+    (`get_bundle_indices`, ray#51117), here by construction.
+    """
     blocks, first = [], 0
     for group, (num_bundles, per_node) in enumerate(groups):
         for node, size in enumerate(node_sizes(num_bundles, per_node)):
@@ -93,15 +96,50 @@ def rank_span(blocks: Sequence[NodeBlock], block: NodeBlock) -> range:
     return range(block.first_bundle - group_first, block.first_bundle - group_first + block.num_bundles)
 
 
-def node_lines(blocks: Sequence[NodeBlock], group: int) -> list[str]:
-    """What `hybrid plan` shows of a group on several nodes: each node's bundles and the ranks on them."""
-    mine = [block for block in blocks if block.group == group]
-    if len(mine) < 2:
-        return []
-    lines = []
-    for block in mine:
-        ranks = rank_span(blocks, block)
-        shown = f"rank {ranks.start}" if len(ranks) == 1 else f"ranks {ranks.start}-{ranks.stop - 1}"
-        bundles = "1 bundle" if block.num_bundles == 1 else f"{block.num_bundles} bundles"
-        lines.append(f"    node {block.node}: {bundles} (a placement group of its own), {shown}")
-    return lines
+@dataclass(frozen=True)
+class EngineLayout:
+    """`num_engines` engines of `tensor_parallel_size` workers each, from bundle `first_bundle` on.
+
+    Engine e of T workers takes the T bundles `first + e·T … first + e·T + T − 1` (its own process sits on the first).
+    Colocated (`E × T` = the actor's ranks, OpenRLHF's rule), bundle b is also actor rank b's GPU, so rank r feeds the
+    TP worker of engine r // T on its GPU by CUDA IPC, and rank e·T leads engine e (it sends the engine every rank's
+    handles of a bucket). Which TP rank vLLM gives the worker on a GPU is vLLM's business: the handles are matched to
+    workers by GPU, not by TP rank.
+    """
+
+    num_engines: int
+    tensor_parallel_size: int
+    first_bundle: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_engines < 1 or self.tensor_parallel_size < 1:
+            raise ValueError(f"an engine layout needs engines and workers: got {self.num_engines} engines of "
+                             f"{self.tensor_parallel_size} TP workers")
+
+    def bundles(self, engine: int) -> range:
+        """The bundles of engine `engine`'s TP workers, in order (the engine's own process sits on the first)."""
+        if not 0 <= engine < self.num_engines:
+            raise ValueError(f"engine {engine} is outside the run's {self.num_engines} engines")
+        start = self.first_bundle + engine * self.tensor_parallel_size
+        return range(start, start + self.tensor_parallel_size)
+
+    def engine_of(self, actor_rank: int) -> int | None:
+        """The engine with a TP worker on actor rank `actor_rank`'s GPU (colocated); None past the engines' GPUs (a
+        run without vllm.num_engines has one engine, beside rank 0)."""
+        engine = actor_rank // self.tensor_parallel_size
+        return engine if engine < self.num_engines else None
+
+    def feeders(self, engine: int) -> range:
+        """The actor ranks on engine `engine`'s GPUs (colocated), the first of them leading its weight sync."""
+        return range(engine * self.tensor_parallel_size, (engine + 1) * self.tensor_parallel_size)
+
+    def leads(self, actor_rank: int) -> bool:
+        """Whether `actor_rank` is the one that sends its engine the bucket handles of all the engine's ranks."""
+        return self.engine_of(actor_rank) is not None and actor_rank % self.tensor_parallel_size == 0
+
+
+def ring_group_ranks(world_size: int, ring_size: int) -> list[list[int]]:
+    """The rings of `world_size` ranks: consecutive runs of `ring_size` ranks, in order."""
+    if ring_size < 1 or world_size % ring_size:
+        raise ValueError(f"ds.ring_attn_size must divide the ranks: got {ring_size} for {world_size} ranks")
+    return [list(range(start, start + ring_size)) for start in range(0, world_size, ring_size)]

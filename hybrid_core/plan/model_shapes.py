@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-SHAPES_FILE = Path(__file__).parents[1] / "data" / "model_shapes.json"
+SHAPES_FILE = Path(__file__).parents[2] / "data" / "model_shapes.json"
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
-from hybrid_core.model_shapes import ModelShape, model_shape
+from hybrid_core.plan.model_shapes import ModelShape, model_shape
+from hybrid_core.switches import switch_value
 
 GIB = 2**30
 PARAM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -139,10 +139,9 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
 
 def runs_logprob_kernels(cfg: RunConfig) -> bool:
     """Whether the vocabulary head's maths runs in the fused Triton kernels (`engines/logprob_kernel`): on CUDA
-    where Triton is installed, unless HYBRID_LOGPROB_KERNEL=torch."""
-    # engines.logprob_kernel.KERNEL_ENV, by name: the plan imports no engine (that module imports Triton)
-    return cfg.train.device == "cuda" and os.environ.get("HYBRID_LOGPROB_KERNEL", "triton") != "torch" \
-        and triton_installed()
+    where Triton is installed, unless `ds.logprob_kernel` is torch (see `switches`)."""
+    is_triton = switch_value("logprob_kernel", cfg.ds.logprob_kernel) == "triton"
+    return cfg.train.device == "cuda" and is_triton and triton_installed()
 
 
 def triton_installed() -> bool:

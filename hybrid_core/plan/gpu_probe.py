@@ -2,7 +2,7 @@
 
 Owns the only nvidia-smi calls (`hybrid plan` and `hybrid train` read them before anything starts); it imports no
 torch and touches no network, so it answers without initialising CUDA. It knows nothing about a run's
-configuration: `plan` compares what a run needs with what this finds.
+configuration: `plan.placement` compares what a run needs with what this finds.
 """
 from __future__ import annotations
 

@@ -189,9 +189,16 @@ class RemoteRewardClient:
 
 
 def probe_problem(url: str, timeout_s: float, window_s: float) -> str | None:
-    """Why `url` cannot score (None when it can): one well-formed sample POSTed, connection errors, timeouts and 5xx
-    tried again for `window_s` (a server started with the run may still be binding its port), and the answer checked
-    as the run's answers are. A server that accepts but never answers fails after about twice `window_s`."""
+    """Why `url` cannot score (None when it can); see `probe_outcome`."""
+    return probe_outcome(url, timeout_s, window_s)[0]
+
+
+def probe_outcome(url: str, timeout_s: float, window_s: float) -> tuple[str | None, bool]:
+    """(why `url` cannot score or None, whether it refused): one well-formed sample POSTed, connection errors,
+    timeouts and 5xx tried again for `window_s` (a server started with the run may still be binding its port), and
+    the answer checked as the run's answers are. A refusal (4xx, a malformed answer) is the server's contract broken;
+    an unanswered probe is what the client drops mid-run. A server that accepts but never answers fails after about
+    twice `window_s`."""
     prompt, query, label = PROBE_SAMPLE
     try_timeout_s = min(timeout_s, window_s)
     # the window, not a count, bounds the tries
@@ -201,7 +208,7 @@ def probe_problem(url: str, timeout_s: float, window_s: float) -> str | None:
     try:
         client.score([query], [prompt], [label])
     except (RewardRequestRefused, RewardAnswerError, RewardFunctionError) as err:
-        return f"reward.remote_url {url} failed the start-up probe (one sample POSTed): {err}; fix the server"
+        return f"reward.remote_url {url} failed the start-up probe (one sample POSTed): {err}; fix the server", True
     except RuntimeError as err:
         last = err.__cause__ if isinstance(err.__cause__, ServerFailure) else err
         fix = ("the server is up but fails a well-formed sample: check its log" if str(last).startswith("HTTP ")
@@ -209,13 +216,22 @@ def probe_problem(url: str, timeout_s: float, window_s: float) -> str | None:
         return (f"reward.remote_url {url} does not answer: a one-sample probe failed for "
                 f"{time.monotonic() - started:.1f} s (reward.probe_timeout_s={window_s}, each try waiting up to "
                 f"{try_timeout_s} s): {last}; {fix}; --reward.probe_timeout_s S waits longer for a server still "
-                "starting, 0 skips the probe")
-    return None
+                "starting, 0 skips the probe"), False
+    return None, False
 
 
 def probe_problems(urls: str, timeout_s: float, window_s: float) -> list[str]:
-    """`probe_problem` of every URL in `urls` (comma-separated), concurrently; empty when all answer."""
+    """`probe_outcome` of every URL in `urls` (comma-separated), concurrently. A refusing URL is a problem; a URL that
+    does not answer is one only when none answers, since the client scores on the URLs that answer and drops the
+    others, as it does mid-run (a resumed run whose second server is gone goes on with a warning)."""
     endpoints = parse_urls(urls)
     with ThreadPoolExecutor(max_workers=len(endpoints), thread_name_prefix="reward-probe") as pool:
-        answers = list(pool.map(lambda url: probe_problem(url, timeout_s, window_s), endpoints))
-    return [problem for problem in answers if problem]
+        outcomes = list(pool.map(lambda url: probe_outcome(url, timeout_s, window_s), endpoints))
+    answered = sum(problem is None for problem, _ in outcomes)
+    problems = []
+    for problem, refused in outcomes:
+        if problem and (refused or not answered):
+            problems.append(problem)
+        elif problem:
+            log.warning("%s; the run scores on the other %d reward URL(s)", problem, answered)
+    return problems

@@ -248,6 +248,22 @@ def test_the_probe_names_a_dead_url_a_500_server_and_a_refusal_with_the_fix():
                            f"Found: no route; fix the server")
 
 
+def test_a_dead_url_beside_a_live_one_is_a_warning_and_a_refusal_beside_one_is_a_problem(caplog):
+    """The client drops a URL that does not answer and scores on the others (as mid-run, e.g. a resumed run whose
+    second server is gone); a URL that refuses a well-formed sample is refused whatever else answers."""
+    letters = load_reward_func(str(LETTERS_REWARD))
+    gone = dead_url()
+    with ScriptedServer(answer_with(letters)) as live, \
+            ScriptedServer(lambda payload, n: (404, b"no route")) as wrong_path:
+        with caplog.at_level("WARNING", logger="hybrid_core.rewards.remote_http"):
+            assert probe_problems(f"{live.url},{gone}", timeout_s=5.0, window_s=1.0) == []
+        [problem] = probe_problems(f"{live.url},{wrong_path.url}", timeout_s=5.0, window_s=1.0)
+    [warning] = [r.getMessage() for r in caplog.records if gone in r.getMessage()]
+    assert warning.startswith(f"reward.remote_url {gone} does not answer: a one-sample probe failed for 1.0 s")
+    assert warning.endswith("; the run scores on the other 1 reward URL(s)")
+    assert problem.startswith(f"reward.remote_url {wrong_path.url} failed the start-up probe (one sample POSTed)")
+
+
 def test_the_probe_waits_for_a_server_that_binds_its_port_late():
     """`hybrid serve-reward … & hybrid train …`: the server may come up a moment after the run starts."""
     import threading

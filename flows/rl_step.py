@@ -8,23 +8,36 @@ server's recording of the previous tasks' events. The task runs, their retries a
 """
 from __future__ import annotations
 
+import time
+
+from flows.batch_queue import BatchQueue
 from hybrid_core.types import MetricsRow, RunRef
 from tasks.stages import step_tasks
 
 
-def rl_step(run: RunRef, step: int) -> MetricsRow:
+def rl_step(run: RunRef, step: int, queue: BatchQueue | None = None) -> MetricsRow:
     """rollout → reward → advantage → train → sync, then, when due, the evaluation of the synced policy, the step's
     metrics row and, when due, its checkpoint. A stage already committed for this step's policy is replayed from
-    the store, not done again."""
+    the store, not done again. Async mode (`queue`): the rollout commits the batch generated ahead, and the sync
+    waits for the last batch of the version it replaces, then starts the next one."""
     stage = step_tasks(run)
-    stage.rollout(run, step)
+    if queue is None:
+        stage.rollout(run, step)
+    else:
+        started_at = time.time()
+        waited_s, generated = queue.wait(step)
+        stage.rollout(run, step, waited_s, wait_for=generated)
     stage.reward(run, step)
     stage.advantage(run, step)
     stage.train(run, step)
+    if queue is not None:
+        queue.before_sync(step)
     stage.sync(run, step)
+    if queue is not None:
+        queue.after_sync(step)
     if run.is_eval_due(step):
         stage.eval(run, step)
-    row = stage.metrics(run, step)
+    row = stage.metrics(run, step) if queue is None else stage.metrics(run, step, started_at)
     if run.is_checkpoint_due(step):
         stage.checkpoint(run, step)
     return row

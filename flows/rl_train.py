@@ -11,6 +11,7 @@ import time
 from prefect import Flow, get_client
 from prefect.runtime import flow_run
 
+from flows.batch_queue import BatchQueue
 from flows.credentials import export_store_credentials, export_wandb_key
 from flows.reporting import RunReport
 from flows.rl_step import rl_step
@@ -33,19 +34,22 @@ def tag_flow_run(tag: str) -> None:
 
 def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDirectoryLease) -> None:
     """Steps `workers.next_step`… as stage tasks of this flow run (committed ones replay), the UI's table starting
-    from the store."""
+    from the store; in async mode with the batches generating ahead (`BatchQueue`)."""
     report = RunReport(run.run_id, workers.num_steps, committed_rows(run))
     if run.is_eval_due(0) and workers.next_step == 1:  # eval.at_start: the initial policy, as step 0
         stage = step_tasks(run)
         stage.eval(run, 0)
         report.initial_eval_done(stage.metrics(run, 0))
+    queue = BatchQueue(run, step_tasks(run), workers.next_step, workers.num_steps) if run.async_queue_size else None
     try:
         for step in range(workers.next_step, workers.num_steps + 1):
             lease.check()
-            row = rl_step(run, step)
+            row = rl_step(run, step, queue)
             show = step % cfg.logger.logging_steps == 0 or step == workers.num_steps
             report.step_done(row, samples.submit(run, step), print_line=show)
     finally:
+        if queue is not None:
+            queue.cancel()
         report.close()
     save_model(run, workers.model_uri)
 

@@ -18,7 +18,28 @@ def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
             *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg),
-            *_agent_problems(cfg)]
+            *_agent_problems(cfg), *_async_problems(cfg)]
+
+
+def _async_problems(cfg: RunConfig) -> list[str]:
+    """Partial rollout and oversampling exist only in async mode; async mode's engines keep GPUs of their own, so
+    weights reach them by broadcast, never as the CUDA IPC buckets a child-process engine needs."""
+    t, problems = cfg.train, []
+    oversampling = cfg.rollout.vllm_generate_batch_size
+    if t.partial_rollout_enable and not t.async_enable:
+        problems.append("train.partial_rollout_enable needs train.async_enable (in-flight generation pauses for a "
+                        "weight push only while the engines generate ahead): add --train.async_enable or drop "
+                        "--train.partial_rollout_enable")
+    if oversampling is not None and oversampling > cfg.rollout.batch_size and not t.async_enable:
+        problems.append(f"rollout.vllm_generate_batch_size {oversampling} > rollout.batch_size "
+                        f"{cfg.rollout.batch_size} oversamples, which needs train.async_enable: add "
+                        "--train.async_enable or drop --rollout.vllm_generate_batch_size")
+    ipc_engine = (cfg.vllm.executor_backend == "mp" and t.device == "cuda") or cfg.vllm.engine_core_process
+    if t.async_enable and ipc_engine:
+        problems.append("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets from an actor "
+                        "on the same GPU; train.async_enable gives the engines GPUs of their own (weights arrive by "
+                        "broadcast): drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
+    return problems
 
 
 def _agent_problems(cfg: RunConfig) -> list[str]:

@@ -34,6 +34,7 @@ class RunRef:
     save_steps: int
     eval_steps: int
     eval_at_start: bool
+    async_queue_size: int = 0  # train.async_queue_size with train.async_enable; 0: sync mode
 
     @property
     def namespace(self) -> str:

@@ -42,8 +42,10 @@ def _failure(run: RunRef, role: str, stage: str, step: int | None, err: ray.exce
     return (PermanentWorkerError if is_permanent else WorkerCallError)(f"{where} {text}")
 
 
-def call(run: RunRef, role: str, method: str, *args, stage: str | None = None, step: int | None = None, **kwargs):
-    """Call `method` on rank 0 of the run's `role` and wait at most the stage timeout."""
+def call(run: RunRef, role: str, method: str, *args, stage: str | None = None, step: int | None = None,
+         group: str | None = None, **kwargs):
+    """Call `method` on rank 0 of the run's `role` (in its Ray concurrency `group`, when given) and wait at most the
+    stage timeout."""
     stage = stage or method
     try:
         worker = placement.get_worker(run, role)
@@ -51,7 +53,9 @@ def call(run: RunRef, role: str, method: str, *args, stage: str | None = None, s
         raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: no such actor ({err}); resume the run to "
                               "recreate it") from err
     try:
-        return ray.get(getattr(worker, method).remote(*args, **kwargs), timeout=run.stage_timeout_s)
+        bound = getattr(worker, method)
+        bound = bound.options(concurrency_group=group) if group else bound
+        return ray.get(bound.remote(*args, **kwargs), timeout=run.stage_timeout_s)
     except ray.exceptions.GetTimeoutError as err:
         raise WorkerCallError(f"{_where(run, role, 0, stage, step)}: no answer within {run.stage_timeout_s:.0f}s "
                               "(train.stage_timeout_s); the worker is hung or the stage needs a longer "

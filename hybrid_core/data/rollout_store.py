@@ -21,6 +21,7 @@ from hybrid_core.step_contract import stages_after
 from hybrid_core.types import PermanentError
 
 SUCCESS = "_SUCCESS"
+AHEAD_ENTRY = "_AHEAD.json"  # async mode: the manifest entry of a batch generated ahead of its step
 ROWS_PER_PART = 4096
 MANIFEST = "manifest.json"
 
@@ -125,11 +126,36 @@ class RolloutStore:
                 f"altered data. Restore the file, or delete {self.stage_uri(step, stage)}/{SUCCESS} to regenerate "
                 f"the stage (the step's later stages are then redone too)")
 
-    def replayable(self, step: int, stage: str, policy_version: int) -> dict | None:
-        """The manifest entry of a committed stage produced by `policy_version`, after checking its files; None when
-        the stage must be (re)generated: no entry, another version, or no `_SUCCESS` marker."""
+    def replayable(self, step: int, stage: str, policy_version: int | range) -> dict | None:
+        """The manifest entry of a committed stage produced by `policy_version` (or a version in that range), after
+        checking its files; None when the stage must be (re)generated: no entry, another version, or no `_SUCCESS`
+        marker."""
+        versions = policy_version if isinstance(policy_version, range) else (policy_version,)
         entry = self.manifest()["steps"].get(str(step), {}).get(stage)
-        if entry is None or entry.get("policy_version") != policy_version or not self.is_committed(step, stage):
+        if entry is None or entry.get("policy_version") not in versions or not self.is_committed(step, stage):
+            return None
+        self.verify(step, stage, entry)
+        return entry
+
+    def write_ahead(self, step: int, stage: str, table: pa.Table, policy_version: int, record: dict) -> dict:
+        """Async mode: write a dataset generated ahead of its step and, beside it, the manifest entry it will get
+        (`AHEAD_ENTRY`), without touching the manifest, which only the step's own stages change (one writer at a
+        time, on object stores too). `record_ahead` enters it when its step consumes it. Returns the entry."""
+        files = self.write(step, stage, table)
+        entry = {"rows": table.num_rows, "policy_version": policy_version, "hash": table_hash(table),
+                 "files": files} | dict(record)
+        self.fs.pipe_file(f"{self.stage_path(step, stage)}/{AHEAD_ENTRY}", compact_json(entry).encode())
+        return entry
+
+    def ahead_entry(self, step: int, stage: str) -> dict | None:
+        """The entry `write_ahead` left for a dataset not yet in the manifest, its files checked; None when there is
+        none, or its dataset or entry is incomplete (a writer killed half-way: the batch is generated again)."""
+        path = f"{self.stage_path(step, stage)}/{AHEAD_ENTRY}"
+        if not self.is_committed(step, stage) or not self.fs.exists(path):
+            return None
+        try:
+            entry = json.loads(self.fs.cat_file(path))
+        except (json.JSONDecodeError, UnicodeDecodeError):
             return None
         self.verify(step, stage, entry)
         return entry
@@ -171,6 +197,18 @@ class RolloutStore:
         else:  # object stores cannot append: rewrite the (small) file
             old = self.fs.cat_file(path).decode() if self.fs.exists(path) else ""
             self.fs.pipe_file(path, (old + line + "\n").encode())
+
+    def events(self) -> list[dict]:
+        """Every line of events.jsonl, in order (a line cut short by a killed writer is skipped)."""
+        path = f"{self.root}/events.jsonl"
+        lines = self.fs.cat_file(path).decode().splitlines() if self.fs.exists(path) else []
+        found = []
+        for line in lines:
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return found
 
     def exists(self, name: str) -> bool:
         return self.fs.exists(f"{self.root}/{name}")

@@ -193,9 +193,10 @@ class ActorWorker:
         return self.policy.push_weights(self.lead.engine)
 
     @stamped
-    def write_metrics(self, step: int) -> MetricsRow:
-        """Commit the step's metrics row, built from what the step committed (nothing from memory)."""
-        return self.rows.write(step)
+    def write_metrics(self, step: int, step_started_at: float | None = None) -> MetricsRow:
+        """Commit the step's metrics row, built from what the step committed (nothing from memory); async mode adds
+        the step's wall time since the driver began it (`step_started_at`, a wall clock)."""
+        return self.rows.write(step, step_started_at)
 
     def committed_rows(self) -> list[MetricsRow]:
         """Every committed metrics row of the run, in step order (the UI's table after a resume)."""

@@ -23,6 +23,7 @@ from hybrid_core.workers.critic import CriticWorker
 from hybrid_core.workers.ref import RefWorker
 from hybrid_core.workers.reward_model import RewardModelWorker
 from hybrid_core.workers.rollout import RolloutWorker
+from hybrid_core.workers.rollout_ahead import CONCURRENCY_GROUPS
 from hybrid_core.workers.worker_args import (actor_args, ckpt_root, critic_args, model_output_uri, ref_settings,
                                              reward_model_settings, rollout_args)
 
@@ -66,8 +67,10 @@ def _spawn_all(cfg: RunConfig, run: RunRef, plan: RunPlan) -> int:
     pg = placement.RunPlacement(run, plan.blocks, on_cpu)
     ranks = plan.role_ranks
     layout = plan.engines  # engine e's TP workers on bundles e·T … e·T + T − 1 of the rollout's
+    groups = CONCURRENCY_GROUPS if run.async_queue_size else None  # async: batches generate beside other calls
     engines = [pg.spawn(RolloutWorker, "rollout", placement.Slot(layout.bundles(e).start, slots["rollout"].share),
-                        rank=e, tp_bundles=layout.bundles(e) if layout.tensor_parallel_size > 1 else ())
+                        rank=e, tp_bundles=layout.bundles(e) if layout.tensor_parallel_size > 1 else (),
+                        concurrency_groups=groups)
                for e in range(layout.num_engines)]
     groups = {role: _spawn_ranks(pg, cls, role, slots[role], ranks[role])
               for role, cls, is_used in (("actor", ActorWorker, True), ("ref", RefWorker, cfg.uses_ref),
@@ -166,6 +169,15 @@ def live_versions(run: RunRef, engines: int, ranks: dict[str, int]) -> tuple[Liv
     return live, infos[0]["num_steps"]
 
 
+def settle_generation(run: RunRef) -> None:
+    """Async mode, re-attaching: wait for a batch the killed driver's call is still generating, and say which
+    batches are kept (written ahead, not yet consumed) and which were lost with an earlier process (generated
+    again when their step comes; never one a step consumed)."""
+    settled = ray.get(placement.get_worker(run, "rollout").settle.remote(), timeout=run.stage_timeout_s)
+    print(f"async rollout: waited {settled['waited_s']:.1f}s for in-flight generation; batches kept for steps "
+          f"{settled['ready'] or 'none'}, lost in flight and generated again: {settled['lost'] or 'none'}")
+
+
 def start_workers(cfg: RunConfig, run: RunRef, plan: RunPlan | None = None) -> WorkersStarted:
     """Re-attach to the run's live actors when they hold exactly the version its first incomplete step needs;
     otherwise create them on the run's plan (the preflight's; made here without one) and restore the newest
@@ -181,6 +193,8 @@ def start_workers(cfg: RunConfig, run: RunRef, plan: RunPlan | None = None) -> W
     done = {stage for k, stage in committed if k == first}
     model_uri = model_output_uri(cfg, run)
     if can_reattach(live, first, steps.get(str(first), {}), done):
+        if run.async_queue_size:
+            settle_generation(run)
         return WorkersStarted(num_steps=num_steps, next_step=first, restored_step=live.trained_step, is_attached=True,
                               model_uri=model_uri)
     placement.kill_run(run)
@@ -192,6 +206,8 @@ def start_workers(cfg: RunConfig, run: RunRef, plan: RunPlan | None = None) -> W
         actor = placement.get_worker(run, "actor")
         ray.get(actor.restore.remote(restored), timeout=placement.READY_TIMEOUT_S)
         ray.get(actor.push_to_engines.remote(restored), timeout=placement.READY_TIMEOUT_S)
+    if run.async_queue_size:
+        settle_generation(run)
     return WorkersStarted(num_steps=num_steps, next_step=restored + 1, restored_step=restored, is_attached=False,
                           model_uri=model_uri)
 

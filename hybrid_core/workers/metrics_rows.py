@@ -6,6 +6,8 @@ It knows nothing about training, the other workers or Prefect.
 """
 from __future__ import annotations
 
+import time
+
 from hybrid_core.data.eval_tables import eval_only_row
 from hybrid_core.data.metric_sinks import MetricSinks, SinkSettings
 from hybrid_core.data.stage_tables import METRIC_COLUMNS, metrics_table, row_from_records
@@ -20,8 +22,10 @@ class MetricsRows:
     def __init__(self, ledger: StepLedger, sinks: SinkSettings):
         self.ledger, self.store, self.sinks = ledger, ledger.store, MetricSinks(sinks)
 
-    def write(self, step: int) -> MetricsRow:
-        """Commit step `step`'s row (replayed when committed already) and log it."""
+    def write(self, step: int, step_started_at: float | None = None) -> MetricsRow:
+        """Commit step `step`'s row (replayed when committed already) and log it; with `step_started_at` (async
+        mode: the driver's wall clock when the step began) its wall time, `timing_s/step_wall`, is in it (the
+        stages' seconds no longer add up to it: generation overlaps them)."""
         if self.ledger.replay(step, METRICS.name):
             return MetricsRow(step=step, values=self.committed(step), replayed=True)
         self.ledger.begin(step, METRICS.name)
@@ -31,6 +35,8 @@ class MetricsRows:
         else:
             tables = [self.store.read(step, s, METRIC_COLUMNS[s]) for s in (ROLLOUT.name, "reward", ADVANTAGE.name)]
             values = row_from_records(*tables, entries)
+        if step_started_at is not None:
+            values["timing_s/step_wall"] = max(0.0, time.time() - step_started_at)
         self.ledger.commit(step, METRICS.name, metrics_table(step, values), None, {},
                            drop_from_hash=[k for k in values if k.startswith(VOLATILE_METRICS)])
         self.sinks.log(step, values)

@@ -214,10 +214,11 @@ class RunPlacement:
         wait_placed(self.groups, self.blocks, bundle)
 
     def spawn(self, cls, role: str, slot: Slot, rank: int = 0, rendezvous: Rendezvous = Rendezvous(),
-              tp_bundles: Sequence[int] = ()):
+              tp_bundles: Sequence[int] = (), concurrency_groups: dict[str, int] | None = None):
         """Start the named, detached actor `<run_id>/<role>/<rank>` on its slot (replacing a stale one): its process
         imports what it needs at once; `rendezvous` places a DeepSpeed rank among its role's ranks; `tp_bundles`
-        are the bundles of a vLLM engine's TP workers. Its engine is built by `handle.construct.remote(*args)`
+        are the bundles of a vLLM engine's TP workers; `concurrency_groups` makes it a threaded actor serving those
+        groups beside its default one (one call at a time there, as without). Its engine is built by `handle.construct.remote(*args)`
         (see `deferred`)."""
         name = self.run.actor_name(role, rank)
         kill_actor(name, self.run.namespace)
@@ -230,9 +231,11 @@ class RunPlacement:
             resources = {"num_cpus": 0, "num_gpus": 0}
         strategy = PlacementGroupSchedulingStrategy(self.groups[self.blocks.index(block)],
                                                     placement_group_bundle_index=index)
-        return ray.remote(deferred(cls)).options(name=name, namespace=self.run.namespace, lifetime="detached",
-                                                 scheduling_strategy=strategy, runtime_env={"env_vars": env},
-                                                 **resources).remote(_secrets=secrets())
+        actor_class = ray.remote(concurrency_groups=concurrency_groups)(deferred(cls)) if concurrency_groups \
+            else ray.remote(deferred(cls))  # Ray takes concurrency groups at the class, not in `.options()`
+        return actor_class.options(name=name, namespace=self.run.namespace, lifetime="detached",
+                                   scheduling_strategy=strategy, runtime_env={"env_vars": env},
+                                   **resources).remote(_secrets=secrets())
 
     def remove(self) -> None:
         for group in self.groups:

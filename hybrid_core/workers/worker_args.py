@@ -32,7 +32,8 @@ def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
     t = cfg.train
     return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
                   stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps,
-                  eval_steps=cfg.eval.steps, eval_at_start=cfg.eval.at_start)
+                  eval_steps=cfg.eval.steps, eval_at_start=cfg.eval.at_start,
+                  async_queue_size=t.async_queue_size if t.async_enable else 0)
 
 
 def max_new_tokens(cfg: RunConfig) -> int:

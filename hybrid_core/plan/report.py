@@ -114,6 +114,14 @@ def _sleep_line(plan: RunPlan) -> str:
     return f"sleep: vLLM {vllm_sleep}, DeepSpeed {'on' if plan.sleep.deepspeed else 'off'}"
 
 
+def _async_lines(cfg: RunConfig) -> list[str]:
+    if not cfg.train.async_enable:
+        return []
+    q = cfg.train.async_queue_size
+    return [f"async: {q} batch(es) generated ahead; batch k by policy version max(0, k - {q + 1}), staleness "
+            f"at most {q}; the engines generate while the DeepSpeed models train"]
+
+
 def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:
     """The human report of `hybrid plan`: `run_plan(cfg, gpu_total_gib)` as `render_run_plan` prints it."""
     return render_run_plan(cfg, run_plan(cfg, gpu_total_gib), is_gpu_assumed)
@@ -130,7 +138,7 @@ def render_run_plan(cfg: RunConfig, plan: RunPlan, is_gpu_assumed: bool = False)
     for i, group in enumerate(placement.groups):
         lines += [_group_line(i + 1, group, placement), *node_lines(plan.blocks, i)]
     lines += _rollout_line(cfg, plan) + _reward_lines(cfg, placement) + _ring_lines(cfg, plan)
-    lines += optimizer_lines(cfg) + [_sleep_line(plan)] + _switch_lines(plan)
+    lines += optimizer_lines(cfg) + [_sleep_line(plan)] + _async_lines(cfg) + _switch_lines(plan)
     missing = [gap.line for gap in gaps(cfg, plan)]
     lines.append("not implemented yet:" + ("" if missing else " none"))
     lines += [f"  {line}" for line in missing]

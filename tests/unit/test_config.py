@@ -77,6 +77,21 @@ def test_sleep_with_async_names_both_flags_and_the_fix():
                         "generating; drop --vllm.enable_sleep or --train.async_enable"]
 
 
+def test_partial_rollout_and_oversampling_need_async_and_async_engines_take_no_ipc_buckets():
+    assert problems_of({"train": {"partial_rollout_enable": True}}) == [
+        "train.partial_rollout_enable needs train.async_enable (in-flight generation pauses for a weight push only "
+        "while the engines generate ahead): add --train.async_enable or drop --train.partial_rollout_enable"]
+    assert problems_of({"rollout": {"batch_size": 8, "vllm_generate_batch_size": 12}}) == [
+        "rollout.vllm_generate_batch_size 12 > rollout.batch_size 8 oversamples, which needs train.async_enable: add "
+        "--train.async_enable or drop --rollout.vllm_generate_batch_size"]
+    RunConfig.model_validate({"rollout": {"batch_size": 8, "vllm_generate_batch_size": 8}})
+    async_mp = {"train": {"async_enable": True, "colocate_all": True}, "vllm": {"executor_backend": "mp"}}
+    [problem] = problems_of(async_mp)
+    assert problem.startswith("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets")
+    assert problem.endswith("drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
+    RunConfig.model_validate({"train": {"async_enable": True, "async_queue_size": 2}})
+
+
 def test_sleep_needs_colocate_all():
     problems = problems_of({"vllm": {"enable_sleep": True}})
     assert problems == ["vllm.enable_sleep requires train.colocate_all: got train.colocate_all=False; "

@@ -152,7 +152,11 @@ def test_colocate_all_with_async_keeps_vllm_apart():
     # the engines' group is as wide a node as the actor's: its 3 bundles fit one node of 4
     assert groups == (GpuGroup(("actor", "ref", "critic", "reward"), 8, 2), GpuGroup(("rollout",), 3, 1, per_node=4))
     assert groups[0].gpu_share == 0.2
-    assert "3 vLLM engines × TP 1, has its own GPUs" in render_plan(cfg)
+    report = render_plan(cfg)
+    assert "3 vLLM engines × TP 1, has its own GPUs" in report
+    assert ("async: 1 batch(es) generated ahead; batch k by policy version max(0, k - 2), staleness at most 1; the "
+            "engines generate while the DeepSpeed models train") in report.splitlines()
+    assert "async:" not in render_plan(config(train={"colocate_all": True}))
 
 
 @pytest.mark.parametrize(("num_roles", "share"), [(1, 1.0), (2, 0.2), (5, 0.2), (6, 1 / 6)])

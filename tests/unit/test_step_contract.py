@@ -6,10 +6,11 @@ import hashlib
 
 import pytest
 
-from hybrid_core.step_contract import (CHECKPOINT, STEP_STAGES, LiveVersions, can_reattach, derive_seed,
-                                       evaluated_version, first_incomplete_step, generating_version,
-                                       is_checkpoint_due, is_eval_due, missing_parts, reattach_trained_step,
-                                       reattach_version, restore_step, retry_policy, stage_named, stages_after)
+from hybrid_core.step_contract import (CHECKPOINT, STEP_STAGES, LiveVersions, batch_submitted_after_sync,
+                                       can_reattach, consumable_versions, derive_seed, evaluated_version,
+                                       first_incomplete_step, generating_version, is_checkpoint_due, is_eval_due,
+                                       missing_parts, reattach_trained_step, reattach_version, restore_step,
+                                       retry_policy, rollout_version, stage_named, stages_after, staleness)
 
 DATASETS = {"rollout", "reward", "advantage", "metrics"}
 
@@ -41,6 +42,19 @@ def test_the_version_rule_and_checkpoint_steps():
     assert [generating_version(k) for k in (1, 2, 7)] == [0, 1, 6]
     assert [k for k in range(1, 10) if is_checkpoint_due(k, 3)] == [3, 6, 9]
     assert not any(is_checkpoint_due(k, s) for k in range(1, 10) for s in (-1, 0))
+
+
+def test_the_async_version_range_and_schedule():
+    # sync mode (Q 0): batch k is k - 1's and nothing else is consumable
+    assert [rollout_version(k) for k in (1, 2, 7)] == [0, 1, 6]
+    assert [list(consumable_versions(k)) for k in (1, 2, 7)] == [[0], [1], [6]]
+    # Q 2: batches 1-3 from the initial weights, then k - 3; a step may consume its scheduled version up to k - 1
+    assert [rollout_version(k, 2) for k in range(1, 8)] == [0, 0, 0, 1, 2, 3, 4]
+    assert [list(consumable_versions(k, 2)) for k in (1, 3, 4, 7)] == [[0], [0, 1, 2], [1, 2, 3], [4, 5, 6]]
+    assert [staleness(k, rollout_version(k, 2)) for k in range(1, 8)] == [0, 1, 2, 2, 2, 2, 2]
+    # the batch version k generates starts after step k's sync: k + Q + 1, whose scheduled version is k
+    assert [batch_submitted_after_sync(k, 1) for k in (1, 5)] == [3, 7]
+    assert all(rollout_version(batch_submitted_after_sync(k, q), q) == k for k in range(1, 9) for q in (1, 2, 3))
 
 
 def test_one_seed_formula_computed_independently():

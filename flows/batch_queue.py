@@ -4,10 +4,12 @@ the steps that train.
 With `train.async_queue_size` Q the engines generate batch k with policy version max(0, k − 1 − Q)
 (`step_contract.rollout_version`): batches 1 … Q + 1 start from the initial weights, and batch k + Q + 1 starts once
 step k's sync has committed version k; step k's sync first waits for batch k + Q, the last one version k − 1
-generates, so no batch sees two versions (no partial rollout). Each batch is linked to the one before it (they
+generates, so no batch sees two versions. With partial rollout the sync does not wait: the batch generating pauses between engine
+steps for the push and goes on with the new weights, each token tagged with its version. Each batch is linked to the one before it (they
 generate one after another on the engines) and to the `rollout-step-<k>` task that commits it, so the Prefect UI
-shows which generation each step consumed. The schedule does not depend on which task finishes first, so a killed
-and resumed run regenerates a lost batch with the version it had; only the wall clock depends on the race.
+shows which generation each step consumed. Without partial rollout the schedule does not depend on which task
+finishes first, so a killed and resumed run regenerates a lost batch with the version it had; only the wall clock
+depends on the race. With it, where a batch's tokens switch version depends on when the push came.
 """
 from __future__ import annotations
 
@@ -23,8 +25,8 @@ from tasks.stages import StepTasks
 class BatchQueue:
     """The batches generating ahead of run `run`'s steps `first_step` … `num_steps` (empty in sync mode)."""
 
-    def __init__(self, run: RunRef, stage: StepTasks, first_step: int, num_steps: int):
-        self.run, self.stage, self.num_steps = run, stage, num_steps
+    def __init__(self, run: RunRef, stage: StepTasks, first_step: int, num_steps: int, is_partial: bool = False):
+        self.run, self.stage, self.num_steps, self.is_partial = run, stage, num_steps, is_partial
         self.queue_size = run.async_queue_size
         self.futures: dict[int, PrefectFuture] = {}
         if self.queue_size:
@@ -48,8 +50,9 @@ class BatchQueue:
         return time.perf_counter() - started, [future]
 
     def before_sync(self, step: int) -> None:
-        """Step `step`'s sync changes the weights: the last batch of the version it replaces must be done first."""
-        future = self.futures.get(step + self.queue_size)
+        """Step `step`'s sync changes the weights: the last batch of the version it replaces must be done first
+        (partial rollout: it pauses for the push and goes on with the new weights instead)."""
+        future = None if self.is_partial else self.futures.get(step + self.queue_size)
         if future is not None:
             future.result()
 

@@ -40,7 +40,8 @@ def run_steps(cfg: RunConfig, run: RunRef, workers: WorkersStarted, lease: RunDi
         stage = step_tasks(run)
         stage.eval(run, 0)
         report.initial_eval_done(stage.metrics(run, 0))
-    queue = BatchQueue(run, step_tasks(run), workers.next_step, workers.num_steps) if run.async_queue_size else None
+    queue = BatchQueue(run, step_tasks(run), workers.next_step, workers.num_steps,
+                       is_partial=cfg.train.partial_rollout_enable) if run.async_queue_size else None
     try:
         for step in range(workers.next_step, workers.num_steps + 1):
             lease.check()

@@ -216,7 +216,7 @@ class TrainConfig(ConfigBlock):
         {"batch_size", "micro_batch_size", "max_epochs", "num_episodes", "seed", "dynamic_batch_enable",
         "max_tokens_per_gpu", "colocate_all", "colocate_actor_ref", "colocate_critic_reward", "max_steps", "device",
         "stage_timeout_s", "stage_retries", "retry_delay_s", "agent_func_path", "agent_step_timeout_s",
-        "agent_skip_failed", "async_enable", "async_queue_size"})
+        "agent_skip_failed", "async_enable", "async_queue_size", "partial_rollout_enable"})
     batch_size: int = Field(128, gt=0, description="samples per optimizer step")
     micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
     max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
@@ -232,7 +232,8 @@ class TrainConfig(ConfigBlock):
     async_enable: bool = Field(False, description="generate and train concurrently")
     async_queue_size: int = Field(1, gt=0, description="async: batches generated ahead of the step training (each "
                                   "by one policy version, at most this many versions behind)")
-    partial_rollout_enable: bool = Field(False, description="partial rollouts (async)")
+    partial_rollout_enable: bool = Field(False, description="async: a batch generating pauses for each weight push "
+                                         "and goes on with the new weights (token_policy_version per token)")
     enable_ema: bool = Field(False, description="EMA of the actor")
     ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay")
     agent_func_path: str | None = Field(None, description="multi-turn agent .py file (class AgentExecutor)")

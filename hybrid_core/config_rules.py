@@ -34,6 +34,10 @@ def _async_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"rollout.vllm_generate_batch_size {oversampling} > rollout.batch_size "
                         f"{cfg.rollout.batch_size} oversamples, which needs train.async_enable: add "
                         "--train.async_enable or drop --rollout.vllm_generate_batch_size")
+    if t.partial_rollout_enable and t.agent_func_path:
+        problems.append(f"train.partial_rollout_enable pauses single-turn generation between engine steps; an "
+                        f"agent's episodes (train.agent_func_path {t.agent_func_path!r}) do not pause: drop "
+                        "--train.partial_rollout_enable or --train.agent_func_path")
     ipc_engine = (cfg.vllm.executor_backend == "mp" and t.device == "cuda") or cfg.vllm.engine_core_process
     if t.async_enable and ipc_engine:
         problems.append("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets from an actor "

@@ -27,6 +27,8 @@ ROLLOUT_SCHEMA = pa.schema([
 AGENT_ROLLOUT_SCHEMA = ROLLOUT_SCHEMA.append(pa.field("action_mask", pa.list_(pa.int8()))) \
     .append(pa.field("turns", pa.string())).append(pa.field("num_turns", pa.int32())) \
     .append(pa.field("episode_reward", pa.float32())).append(pa.field("episode_score", pa.float32()))
+# A partial rollout's rows add the policy version of every response token (`policy_version` is the oldest of them)
+PARTIAL_ROLLOUT_SCHEMA = ROLLOUT_SCHEMA.append(pa.field("token_policy_version", ints))
 REWARD_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("reward", pa.float32()), ("score", pa.float32()),
     ("extra_logs", pa.string()),
@@ -39,6 +41,10 @@ ADVANTAGE_SCHEMA = pa.schema([
 
 def rollout_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=ROLLOUT_SCHEMA)
+
+
+def partial_rollout_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=PARTIAL_ROLLOUT_SCHEMA)
 
 
 def agent_rollout_table(rows: list[dict]) -> pa.Table:

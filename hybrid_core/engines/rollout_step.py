@@ -14,7 +14,8 @@ from typing import Callable
 import pyarrow as pa
 
 from hybrid_core.data.prompts import Prompt, format_prompt
-from hybrid_core.data.stage_tables import reward_table, rollout_table, sample_keys
+from hybrid_core.data.stage_tables import partial_rollout_table, reward_table, rollout_table, sample_keys
+from hybrid_core.engines.partial_generation import generate_partial
 from hybrid_core.engines.vllm_rollout import SamplingSettings, VllmRolloutEngine
 from hybrid_core.rewards.sources import RewardSource
 from hybrid_core.step_contract import derive_seed
@@ -49,21 +50,31 @@ def tokenize_prompts(tokenizer, prompts: list[Prompt], fmt: PromptFormat, max_ne
 
 
 def generate_rows(engine: VllmRolloutEngine, tokenizer, prompts: list[Prompt], fmt: PromptFormat,
-                  sampling: SamplingSettings, seed: int, step: int | str, policy_version: int) -> pa.Table:
+                  sampling: SamplingSettings, seed: int, step: int | str, policy_version: int,
+                  pause_point: Callable[[], int] | None = None) -> pa.Table:
     """Generate `sampling.n` samples per prompt; rows are prompt-major (a prompt's samples are contiguous). Prompt
     i's seed is derive_seed(seed, step, index): `step` is the step, or "eval" for an evaluation's samples (the same
-    at every evaluation, so two evaluations differ by the policy alone)."""
+    at every evaluation, so two evaluations differ by the policy alone). With `pause_point` (partial rollout) the
+    batch pauses for weight updates between engine steps and each row keeps its tokens' versions, its
+    `policy_version` the oldest of them."""
     texts, ids = tokenize_prompts(tokenizer, prompts, fmt, sampling.max_new_tokens)
     seeds = [derive_seed(seed, step, p.index) for p in prompts] if sampling.seed_per_prompt else None
-    completions = engine.generate(ids, sampling, seeds)
+    if pause_point is not None:
+        partial = generate_partial(engine, ids, sampling, seeds, pause_point)
+        completions, token_versions = partial.completions, partial.token_versions
+    else:
+        completions, token_versions = engine.generate(ids, sampling, seeds), None
     rows = []
-    for prompt, text, prompt_ids, samples in zip(prompts, texts, ids, completions):
+    for i, (prompt, text, prompt_ids, samples) in enumerate(zip(prompts, texts, ids, completions)):
         for j, c in enumerate(samples):
             rows.append({"prompt_index": prompt.index, "sample_index": j, "prompt_ids": prompt_ids,
                          "response_ids": c.token_ids, "prompt_text": text, "response_text": c.text,
                          "rollout_logprobs": c.logprobs, "finish_reason": c.finish_reason, "label": prompt.label,
                          "policy_version": policy_version, "data_source": prompt.source})
-    return rollout_table(rows)
+            if token_versions is not None:
+                versions = token_versions[i][j]
+                rows[-1] |= {"token_policy_version": versions, "policy_version": min(versions, default=policy_version)}
+    return rollout_table(rows) if token_versions is None else partial_rollout_table(rows)
 
 
 def reward_rows(rollout: pa.Table, source: RewardSource) -> pa.Table:

@@ -201,7 +201,7 @@ class VllmRolloutEngine:
         generator, which samples the whole batch at once instead of one seeded request at a time)."""
         from vllm import SamplingParams
 
-        self._check_generation_ready()
+        self.check_generation_ready()
         # Text is decoded once at the end (batch_decode) rather than incrementally by vLLM at every decode step.
         params = [SamplingParams(n=sampling.n, max_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, logprobs=0 if sampling.logprobs else None, seed=s,
@@ -239,7 +239,7 @@ class VllmRolloutEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        self._check_generation_ready()
+        self.check_generation_ready()
         params = SamplingParams(n=1, max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                                 logprobs=0 if sampling.logprobs else None, seed=seed, detokenize=False,
                                 flat_logprobs=True, ignore_eos=sampling.ignore_eos,
@@ -264,7 +264,7 @@ class VllmRolloutEngine:
                                             skip_special_tokens=True)
         return [(out.request_id, self._completion(out.outputs[0], text)) for out, text in zip(finished, texts)]
 
-    def _check_generation_ready(self) -> None:
+    def check_generation_ready(self) -> None:
         if self.awake != {"weights", "kv_cache"}:
             raise EngineAsleepError(f"rollout engine is asleep ({sorted(self.awake)} awake); wake it up first")
         if self.weights_discarded:
@@ -280,7 +280,7 @@ class VllmRolloutEngine:
         """The engine's logprobs of given responses (prompt logprobs of prompt+response), for sync checks."""
         from vllm import SamplingParams
 
-        self._check_generation_ready()
+        self.check_generation_ready()
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
                                 flat_logprobs=True)
         rows = [{"prompt_token_ids": list(p) + list(r)} for p, r in zip(prompt_ids, response_ids)]

@@ -69,6 +69,7 @@ class RolloutWorkerArgs:
     is_reward_normalized: bool  # reward.normalize_enable (the model's raw value is then logged beside)
     eval: EvalSettings | None  # None: the run has no eval.dataset
     agent: AgentSettings | None = None  # train.agent_func_path: every sample an episode of the agent's environment
+    partial_rollout: bool = False  # train.partial_rollout_enable: a batch generating ahead pauses for weight pushes
     faults: tuple = ()
 
 
@@ -88,6 +89,7 @@ class RolloutWorker:
         self.evaluator = Evaluator(self, args.eval) if args.eval is not None else None
         self.policy_version = 0
         self.turns = EngineTurns()  # the engine's lock: async mode generates ahead while other calls are served
+        self.is_pausing = False  # partial rollout: the batch generating now pauses for weight pushes
         self.ahead = AheadGeneration(self)
         if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
             self.engine.sleep(level=1)
@@ -126,13 +128,18 @@ class RolloutWorker:
         """Async mode, on re-attaching to live workers: wait for a batch still generating (see `rollout_ahead`)."""
         return self.ahead.settle()
 
-    def generate_awake(self, step: int) -> tuple[pa.Table, dict]:
+    def generate_awake(self, step: int, pausing: bool = False) -> tuple[pa.Table, dict]:
         """Wake the engines, generate step `step`'s rows, sleep them (with vllm.enable_sleep); the engine's turn is
-        the caller's."""
+        the caller's. `pausing` (partial rollout): this engine's share pauses for weight pushes between its engine
+        steps (the other engines' shares finish with the version they began with)."""
         start = time.perf_counter()
         self.engine.wake_up(["weights", "kv_cache"])
         awake = time.perf_counter()
-        table, metrics = self._generate(step)
+        self.is_pausing = pausing
+        try:
+            table, metrics = self._generate(step)
+        finally:
+            self.is_pausing = False
         sleep_start = time.perf_counter()
         if self.args.engine.enable_sleep:
             self.engine.sleep()
@@ -170,6 +177,11 @@ class RolloutWorker:
         shares.extend(tables)
         return pa.concat_tables(tables)
 
+    def pause_point(self) -> int:
+        """Partial rollout, between engine steps: let a waiting weight push load; the version now held."""
+        self.turns.pause_point()
+        return self.policy_version
+
     def check_policy_version(self, step: int) -> None:
         """The engine must hold a version step `step` may consume: k − 1 in sync mode (see `consumable_versions`)."""
         versions = consumable_versions(step, self.run.async_queue_size)
@@ -191,8 +203,9 @@ class RolloutWorker:
     def rows_of(self, prompts: list, sampling: SamplingSettings, step: int | str) -> pa.Table:
         """`sampling.n` samples of each prompt: one generation each, or with an agent one episode each."""
         if self.agent is None:
+            pause_point = self.pause_point if self.is_pausing else None
             return generate_rows(self.engine, self.tokenizer, prompts, self.args.prompt_format, sampling,
-                                 self.args.seed, step, self.policy_version)
+                                 self.args.seed, step, self.policy_version, pause_point)
         fmt = self.args.prompt_format
         run = EpisodeRun(engine=self.engine, tokenizer=self.tokenizer, executor=self.agent, settings=self.args.agent,
                          sampling=sampling, seed=self.args.seed, step=step)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pyarrow as pa
+
 from hybrid_core.data.stage_tables import response_token_count
 from hybrid_core.step_contract import ROLLOUT, consumable_versions, staleness
 from hybrid_core.types import StageResult
@@ -32,21 +34,54 @@ class EngineTurns:
     def __init__(self):
         self.lock = threading.Lock()
         self.is_updating = False
+        self.update_waiting = threading.Event()  # partial rollout: a push waits for the generation to pause
+        self.update_done = threading.Event()
 
     def begin_update(self) -> None:
         if not self.is_updating:
+            self.update_done.clear()
+            self.update_waiting.set()
             self.lock.acquire()
+            self.update_waiting.clear()
             self.is_updating = True
 
     def end_update(self) -> None:
         if self.is_updating:
             self.is_updating = False
             self.lock.release()
+            self.update_done.set()
+
+    def pause_point(self) -> None:
+        """Partial rollout, between two engine steps of a generation holding the lock: when a weight push waits,
+        hand it the engine and take it back once the new weights are loaded."""
+        if not self.update_waiting.is_set():
+            return
+        self.lock.release()
+        try:
+            self.update_done.wait()
+        finally:
+            self.lock.acquire()
 
 
-def async_figures(step: int, version: int, waited_s: float) -> dict[str, float]:
-    """The consuming step's figures: how stale its batch is and how long the driver waited for it."""
-    return {"rollout/staleness": float(staleness(step, version)), "timing_s/rollout_wait": waited_s}
+def async_figures(step: int, version: int, waited_s: float, metrics: dict | None = None) -> dict[str, float]:
+    """The consuming step's figures: how stale its batch is (by its oldest token's version) and how long the driver
+    waited for it; a partial rollout's batch adds its tokens' mean staleness (`token_figures`)."""
+    figures = {"rollout/staleness": float(staleness(step, version)), "timing_s/rollout_wait": waited_s}
+    if metrics and "rollout/token_version_mean" in metrics:
+        figures["rollout/staleness_token_mean"] = float(step - 1) - metrics["rollout/token_version_mean"]
+    return figures
+
+
+def token_figures(table: pa.Table) -> dict[str, float]:
+    """A partial rollout's versions: oldest and newest token version, their mean, and the share of tokens sampled
+    by a version older than the batch's newest (what a weight push mid-batch left to the old weights)."""
+    versions = [v for row in table.column("token_policy_version").to_pylist() for v in row]
+    if not versions:
+        return {}
+    newest = max(versions)
+    return {"rollout/token_version_min": float(min(versions)), "rollout/token_version_max": float(newest),
+            "rollout/token_version_mean": sum(versions) / len(versions),
+            "rollout/old_version_token_share": sum(v < newest for v in versions) / len(versions)}
 
 
 class AheadGeneration:
@@ -56,6 +91,7 @@ class AheadGeneration:
     def __init__(self, worker):
         self.worker = worker
         self.queue_size = worker.run.async_queue_size
+        self.is_partial = worker.args.partial_rollout
 
     def versions(self, step: int) -> range:
         return consumable_versions(step, self.queue_size)
@@ -72,11 +108,14 @@ class AheadGeneration:
             store.clean_leftovers(step)
             store.log_event(step, ROLLOUT.name, "start", ahead=True, policy_version=w.policy_version)
             w.ledger.faults.reach(step, ROLLOUT.name, "start")
-            started = time.perf_counter()
-            table, metrics = w.generate_awake(step)
+            started, first_version = time.perf_counter(), w.policy_version
+            table, metrics = w.generate_awake(step, pausing=self.is_partial)
             metrics["tokens"] = float(response_token_count(table))
+            if self.is_partial:
+                metrics |= token_figures(table)
             record = {"seconds": time.perf_counter() - started, "metrics": metrics}
-            entry = store.write_ahead(step, ROLLOUT.name, table, w.policy_version, record)
+            oldest = min(table.column("policy_version").to_pylist(), default=first_version)
+            entry = store.write_ahead(step, ROLLOUT.name, table, oldest, record)
         w.ledger.faults.reach(step, ROLLOUT.name, "written")
         store.log_event(step, ROLLOUT.name, "generated", rows=table.num_rows, policy_version=entry["policy_version"])
         return {"step": step, "generated": True, "rows": table.num_rows, "seconds": record["seconds"],
@@ -90,7 +129,7 @@ class AheadGeneration:
             raise RuntimeError(f"the batch generated ahead for step {step} is from policy version {version}, outside "
                                f"the versions it may consume {list(self.versions(step))} (train.async_queue_size "
                                f"{self.queue_size}): delete {w.store.stage_uri(step, ROLLOUT.name)} to regenerate it")
-        entry = entry | {"metrics": entry["metrics"] | async_figures(step, version, waited_s)}
+        entry = entry | {"metrics": entry["metrics"] | async_figures(step, version, waited_s, entry["metrics"])}
         w.store.record(step, ROLLOUT.name, entry)
         w.ledger.faults.reach(step, ROLLOUT.name, "committed")
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=entry["rows"],

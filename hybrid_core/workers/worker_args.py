@@ -143,7 +143,8 @@ def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None
         seed=cfg.train.seed,
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
         num_engines=plan.engines.num_engines, reward_model_ranks=plan.role_ranks.get("reward", 0),
-        is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), agent=agent_settings(cfg), faults=faults)
+        is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), agent=agent_settings(cfg), faults=faults,
+        partial_rollout=cfg.train.async_enable and cfg.train.partial_rollout_enable)
 
 
 def agent_settings(cfg: RunConfig) -> AgentSettings | None:

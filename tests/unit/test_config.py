@@ -90,6 +90,11 @@ def test_partial_rollout_and_oversampling_need_async_and_async_engines_take_no_i
     assert problem.startswith("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets")
     assert problem.endswith("drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
     RunConfig.model_validate({"train": {"async_enable": True, "async_queue_size": 2}})
+    agent = {"async_enable": True, "partial_rollout_enable": True, "agent_func_path": "data/agents/guess.py"}
+    assert problems_of({"train": agent}) == [
+        "train.partial_rollout_enable pauses single-turn generation between engine steps; an agent's episodes "
+        "(train.agent_func_path 'data/agents/guess.py') do not pause: drop --train.partial_rollout_enable or "
+        "--train.agent_func_path"]
 
 
 def test_sleep_needs_colocate_all():

@@ -38,7 +38,7 @@ def config_with_inputs(**blocks) -> RunConfig:
 
 def test_implemented_flags_are_real_fields():
     assert IMPLEMENTED_FLAGS <= set(leaf_paths())
-    assert "train.partial_rollout_enable" not in IMPLEMENTED_FLAGS
+    assert "rollout.vllm_generate_batch_size" not in IMPLEMENTED_FLAGS
     assert set(IMPLEMENTED_VALUES) <= IMPLEMENTED_FLAGS
 
 

@@ -28,8 +28,12 @@ def artifact_key(prefix: str, run_id: str) -> str:
 
 def step_line(step: int, num_steps: int, m: dict[str, float]) -> str:
     stages = " ".join(f"{s} {m[f'timing_s/{s}']:.2f}s" for s in TIMED_STAGES if f"timing_s/{s}" in m)
-    return (f"step {step}/{num_steps} | reward {m['reward/mean']:.3f} | response length "
+    line = (f"step {step}/{num_steps} | reward {m['reward/mean']:.3f} | response length "
             f"{m['rollout/response_length_mean']:.1f} | kl {m['actor/kl']:.5f} | {stages}")
+    if "rollout/staleness" in m:  # async: the batch's lag, the wait for it and the step's own wall time
+        line += (f" | staleness {m['rollout/staleness']:.0f}, waited {m.get('timing_s/rollout_wait', 0.0):.2f}s, "
+                 f"step {m.get('timing_s/step_wall', 0.0):.2f}s")
+    return line
 
 
 def eval_summary_rows(step: int, figures: dict[str, float]) -> list[dict]:

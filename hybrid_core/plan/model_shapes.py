@@ -42,12 +42,13 @@ class ModelShape:
                 "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
 
     def adapter_params(self, rank: int, target_modules: list[str]) -> int:
-        """LoRA parameters of every layer's targeted linears (A: rank × in, B: out × rank); `all-linear` is every
-        linear of the layers (PEFT leaves the output head out)."""
+        """LoRA parameters of every layer's targeted linears (A: rank × in, B: out × rank), and of the output head
+        when `lm_head` is named; `all-linear` is every linear of the layers (PEFT leaves the output head out)."""
         shapes = self.linear_shapes()
         targets = shapes if target_modules == ["all-linear"] else [t for t in target_modules if t in shapes]
         per_layer = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
-        return self.num_hidden_layers * per_layer
+        head = rank * (self.hidden_size + self.vocab_size) if "lm_head" in target_modules else 0
+        return self.num_hidden_layers * per_layer + head
 
     @property
     def largest_param_numel(self) -> int:

@@ -84,9 +84,11 @@ def test_the_memory_plans_adapter_count_matches_peft():
 
     shape = model_shape(str(TINY))
     assert shape.adapter_params(8, ["all-linear"]) == TINY_RANK8_ADAPTER_PARAMS
-    policy = tiny_policy(rank=4, targets=("q_proj", "down_proj"))
+    policy = tiny_policy(rank=4, targets=("q_proj", "down_proj", "lm_head"))
     peft_count = sum(p.numel() for _, p in policy.named_parameters() if p.requires_grad)
-    assert shape.adapter_params(4, ["q_proj", "down_proj"]) == peft_count == 2 * 4 * ((128 + 128) + (256 + 128))
+    # two layers' q_proj (128 → 128) and down_proj (256 → 128), and the head (128 → 128) once
+    expected = 2 * 4 * ((128 + 128) + (256 + 128)) + 4 * (128 + 128)
+    assert shape.adapter_params(4, ["q_proj", "down_proj", "lm_head"]) == peft_count == expected
 
 
 def test_the_engine_asks_vllm_for_the_smallest_rank_that_holds_the_adapter():

@@ -75,17 +75,17 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
                                            num_training_steps=max(total_optimizer_steps, 1), **extra)
 
 
-def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
+def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig, seed: int = 0) -> torch.nn.Module:
     """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout, Liger's
     kernels (as `ds.use_liger_kernel` says: required, off, or by default on CUDA where they apply) and, with
-    `ds.lora.rank`, LoRA adapters (then only they train)."""
+    `ds.lora.rank`, LoRA adapters drawn from `seed` (train.seed; then only they train)."""
     model = load_causal_lm(model_path, ds.param_dtype,
                            attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1, ds.packed_attention),
                            ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
-    lora = LoraSettings.of(ds.lora)
+    lora = LoraSettings.of(ds.lora, seed)
     return model if lora is None else with_adapters(model, lora, actor.gradient_checkpointing_enable)
 
 

@@ -21,18 +21,20 @@ class LoraSettings:
     alpha: int
     target_modules: tuple[str, ...]
     dropout: float = 0.0
+    seed: int = 0  # the A matrices' initial draw (train.seed): every run and every rank starts from the same adapter
 
     @classmethod
-    def of(cls, lora) -> LoraSettings | None:
-        """From the config's `ds.lora` block (None when its rank is 0: no adapters)."""
+    def of(cls, lora, seed: int) -> LoraSettings | None:
+        """From the config's `ds.lora` block and the run's seed (None when the rank is 0: no adapters)."""
         if lora.rank == 0:
             return None
-        return cls(rank=lora.rank, alpha=lora.alpha, target_modules=tuple(lora.target_modules), dropout=lora.dropout)
+        return cls(rank=lora.rank, alpha=lora.alpha, target_modules=tuple(lora.target_modules), dropout=lora.dropout,
+                   seed=seed)
 
 
 def with_adapters(model: torch.nn.Module, lora: LoraSettings, is_checkpointed: bool) -> torch.nn.Module:
-    """`model` as a PEFT model with fresh adapters (A random from torch's seeded generator, B zero: the policy starts
-    as the base exactly); the base's parameters are frozen."""
+    """`model` as a PEFT model with fresh adapters (A drawn from `lora.seed`, B zero: the policy starts as the base
+    exactly); the base's parameters are frozen. Torch's global generator is left as it was."""
     from peft import LoraConfig, get_peft_model
 
     targets = "all-linear" if lora.target_modules == ("all-linear",) else list(lora.target_modules)
@@ -40,7 +42,9 @@ def with_adapters(model: torch.nn.Module, lora: LoraSettings, is_checkpointed: b
                         task_type="CAUSAL_LM")
     if is_checkpointed:  # checkpointed blocks need an input that requires grad, which the frozen embedding is not
         model.enable_input_require_grads()
-    return get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(lora.seed)
+        return get_peft_model(model, config)
 
 
 def has_adapters(module: torch.nn.Module) -> bool:

@@ -121,7 +121,7 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
                           block_size=v.block_size, attention_backend=v.attention_backend,
                           executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process,
-                          lora=LoraSettings.of(cfg.ds.lora))
+                          lora=LoraSettings.of(cfg.ds.lora, cfg.train.seed))
 
 
 

@@ -27,20 +27,13 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
 def lora_workers(tmp_path_factory, tiny_model, ray_session):
     """The micro configuration with a rank-8 LoRA policy, its workers started without the flow."""
     from conftest import micro_config
-    from test_weight_sync import distinct_chars_reward
-
-    from hybrid_core.workers import launch
-    from hybrid_core.workers.worker_args import run_ref
+    from test_weight_sync import distinct_chars_reward, started_workers
 
     root = tmp_path_factory.mktemp("lora-sync")
     cfg = micro_config(root, *LORA, "--actor.adam.lr", "0.05", "--reward.remote_url", distinct_chars_reward(root),
                        "--ckpt.save_steps", "1")
-    run = run_ref(cfg, "lora-sync")
-    try:
-        launch.start_workers(cfg, run)
+    with started_workers(cfg, "lora-sync") as run:
         yield run
-    finally:
-        launch.stop_workers(run)
 
 
 def one_step(ray, actor, rollout, step: int) -> None:
@@ -62,7 +55,7 @@ def test_the_engine_serves_the_trained_adapter_after_each_sync_a_sleep_wake_cycl
     assert max_abs_diff(trained, base) >= 1e-2  # the adapter moved the policy ...
     assert max_abs_diff(ray.get(actor.ref_logprobs_of.remote(PROMPT, RESPONSE)), base) <= 1e-5  # ... not the base
     sync = ray.get(actor.sync.remote(1))
-    assert sync.metrics["sync/bytes"] == ADAPTER_BYTES  # the adapter alone (the whole tiny model is 1.2 MB)
+    assert sync.metrics["sync/bytes"] == ADAPTER_BYTES  # the adapter alone (the whole tiny model: 1,314,304 bytes)
     assert max_abs_diff(ray.get(rollout.logprobs_of.remote(PROMPT, RESPONSE)), trained) <= 1e-5
     ray.get(actor.write_metrics.remote(1))
     ray.get(actor.save_checkpoint.remote(1))

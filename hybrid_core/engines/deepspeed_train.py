@@ -149,7 +149,7 @@ class DeepSpeedTrainEngine:
         self.state_mover = self._state_mover(sleep_buffer, ds.wake_copy)
         self._waking: Future | None = None  # a wake started ahead (`wake_up_soon`), on `_waker`'s one thread
         self._waker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds-wake") if self.state_mover else None
-        self.ema = None  # an `ema.EmaWeights` of the module, updated after each optimizer step (rank 0, train.enable_ema)
+        self.ema = None  # rank 0 with train.enable_ema: an `ema.EmaWeights` updated after each optimizer step
 
     def _state_mover(self, sleep_buffer: PinnedHostBuffer | None, wake_copy: str | None) -> OptimizerStateMover | None:
         """Our pinned-buffer mover for the ZeRO optimizers, waking by `wake_copy` (`ds.wake_copy`); stage 0 uses

@@ -94,8 +94,8 @@ def largest_bucket_bytes(module: torch.nn.Module, bucket_bytes: int) -> int:
 
 def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = False,
                  buffers: BucketBuffers | None = None) -> Iterator[Bucket]:
-    """Yield the module's synced parameters (`synced_parameters`) as flat buckets, gathering ZeRO-3 shards one bucket at a time; packed into
-    `buffers` when given (else freshly allocated copies)."""
+    """Yield the module's synced parameters (`synced_parameters`) as flat buckets, gathering ZeRO-3 shards one
+    bucket at a time; packed into `buffers` when given (else freshly allocated copies)."""
     if bucket_bytes <= 0:
         raise ValueError(f"vllm.sync_bucket_mb must be positive: got {bucket_bytes} bytes")
     for group in _group_by_budget(synced_parameters(module), bucket_bytes):

@@ -33,9 +33,9 @@ class PolicyRank:
         self.tokenizer = load_tokenizer(args.model_path)
         num_ranks = dict(args.role_ranks).get("actor", 1)
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds, num_ranks)  # allocated while the model loads
-        self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds, args.train.seed), args.actor, args.ds,
-                                           args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id,
-                                           sleep_buffer)
+        policy = load_policy(args.model_path, args.actor, args.ds, args.train.seed)
+        self.engine = DeepSpeedTrainEngine(policy, args.actor, args.ds, args.train, args.total_optimizer_steps,
+                                           self.tokenizer.pad_token_id, sleep_buffer)
         if args.train.enable_ema and rank == 0:  # the ranks' weights are equal (ZeRO ≤ 2): rank 0 keeps the average
             self.engine.ema = EmaWeights(self.engine.module, args.train.ema_beta)
         self.engine.sleep()

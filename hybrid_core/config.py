@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 
-from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, MuonConfig,  # noqa: F401 (re-exported)
-                                       OptimizerFields)
+from hybrid_core.config_blocks import (AdamConfig, ConfigBlock, ConfigError, LoraConfig,  # noqa: F401 (re-exported)
+                                       MuonConfig, OptimizerFields)
 from hybrid_core.config_outputs import (LoggerConfig, StoreConfig, WandbConfig,  # noqa: F401 (re-exported)
                                         WANDB_KEY_SCHEMA)
 from hybrid_core.switches import LogprobKernel, PackedAttention, WakeCopy
@@ -112,14 +112,6 @@ class VllmConfig(ConfigBlock):
                                       "threads (GPU, train.colocate_all, TP 1)")
 
 
-class LoraConfig(ConfigBlock):
-    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset()
-    rank: int = Field(0, ge=0, description="LoRA rank (0: off)")
-    alpha: int = Field(16, gt=0, description="LoRA alpha")
-    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"], description="LoRA targets")
-    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
-
-
 LIGER_INSTALL_HINT = "pip install 'hybrid-engine[liger]'"  # the optional extra of --ds.use_liger_kernel
 LOGIT_CHUNK_TOKENS = 4096  # --ds.logit_chunk_tokens: × Qwen3's 151,936-entry vocabulary, 5.8 GiB at a chunk's peak
 
@@ -216,7 +208,8 @@ class TrainConfig(ConfigBlock):
         {"batch_size", "micro_batch_size", "max_epochs", "num_episodes", "seed", "dynamic_batch_enable",
         "max_tokens_per_gpu", "colocate_all", "colocate_actor_ref", "colocate_critic_reward", "max_steps", "device",
         "stage_timeout_s", "stage_retries", "retry_delay_s", "agent_func_path", "agent_step_timeout_s",
-        "agent_skip_failed", "async_enable", "async_queue_size", "partial_rollout_enable"})
+        "agent_skip_failed", "async_enable", "async_queue_size", "partial_rollout_enable", "enable_ema",
+        "ema_beta"})
     batch_size: int = Field(128, gt=0, description="samples per optimizer step")
     micro_batch_size: int = Field(1, gt=0, description="samples per GPU per forward/backward")
     max_epochs: int = Field(1, gt=0, description="passes over each step's buffer")
@@ -234,8 +227,9 @@ class TrainConfig(ConfigBlock):
                                   "by one policy version, at most this many versions behind)")
     partial_rollout_enable: bool = Field(False, description="async: a batch generating pauses for each weight push "
                                          "and goes on with the new weights (token_policy_version per token)")
-    enable_ema: bool = Field(False, description="EMA of the actor")
-    ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay")
+    enable_ema: bool = Field(False, description="an fp32 EMA of the policy's trained parameters, in host memory, "
+                             "updated at each optimizer step and exported beside the policy (`ema/`)")
+    ema_beta: float = Field(0.992, gt=0, lt=1, description="EMA decay: ema = beta·ema + (1-beta)·weights")
     agent_func_path: str | None = Field(None, description="multi-turn agent .py file (class AgentExecutor)")
     agent_step_timeout_s: float = Field(60.0, gt=0, description="PROJECT: seconds an agent's reset or step may take")
     agent_skip_failed: bool = Field(False, description="PROJECT: drop a sample whose environment failed (agent/failed)")
@@ -332,8 +326,16 @@ class RunConfig(ConfigBlock):
         return self.algo.advantage.estimator == "gae"
 
     @property
-    def uses_ref(self) -> bool:
+    def has_reference(self) -> bool:  # KL to the initial policy: reference logprobs exist
         return self.algo.kl.init_coef > 0
+
+    @property
+    def uses_lora(self) -> bool:
+        return self.ds.lora.rank > 0
+
+    @property
+    def uses_ref(self) -> bool:  # a reference worker starts; with LoRA the actor's base (adapters off) serves instead
+        return self.has_reference and not self.uses_lora
 
     @property
     def roles(self) -> tuple[str, ...]:  # the Ray worker roles a run of this configuration starts
@@ -355,7 +357,8 @@ class RunConfig(ConfigBlock):
             return None
         if self.vllm.executor_backend is not None:
             return self.vllm.executor_backend
-        return "mp" if self.train.device == "cuda" and self.train.colocate_all else "uni"
+        is_colocated_gpu = self.train.device == "cuda" and self.train.colocate_all
+        return "mp" if is_colocated_gpu and not self.uses_lora else "uni"  # an adapter loads in the engine's process
 
     @property
     def uses_reward_model(self) -> bool:  # a remote reward or an agent replaces the reward model

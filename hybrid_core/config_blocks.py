@@ -55,3 +55,16 @@ class OptimizerFields(ConfigBlock):
     lr_warmup_ratio: float = Field(0.03, ge=0, le=1, description="fraction of steps spent warming up")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final lr as a fraction of the peak lr")
     max_norm: float = Field(1.0, ge=0, description="gradient clipping norm (0: no clipping)")
+
+
+class LoraConfig(ConfigBlock):
+    """`--ds.lora.*`: PEFT LoRA adapters on the policy (rank 0: off); only the adapters train and sync."""
+
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset({"rank", "alpha", "target_modules", "dropout", "save_merged"})
+    rank: int = Field(0, ge=0, description="LoRA rank (0: off)")
+    alpha: int = Field(16, gt=0, description="LoRA alpha (the update is scaled by alpha / rank)")
+    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"],
+                                      description="LoRA targets: module names (q_proj ...) or all-linear")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    save_merged: bool = Field(False, description="PROJECT: HF exports also hold the merged model (`merged/`) beside "
+                              "the PEFT adapter")

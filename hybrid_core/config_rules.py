@@ -18,7 +18,7 @@ def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
             *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg),
-            *_agent_problems(cfg), *_async_problems(cfg)]
+            *_agent_problems(cfg), *_async_problems(cfg), *_lora_problems(cfg), *_ema_problems(cfg)]
 
 
 def _async_problems(cfg: RunConfig) -> list[str]:
@@ -38,12 +38,46 @@ def _async_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"train.partial_rollout_enable pauses single-turn generation between engine steps; an "
                         f"agent's episodes (train.agent_func_path {t.agent_func_path!r}) do not pause: drop "
                         "--train.partial_rollout_enable or --train.agent_func_path")
+    if t.partial_rollout_enable and cfg.uses_lora:
+        problems.append(f"train.partial_rollout_enable with ds.lora.rank {cfg.ds.lora.rank}: a LoRA sync activates a new "
+                        "adapter for new requests, and requests paused mid-batch hold the old one; drop "
+                        "--train.partial_rollout_enable or --ds.lora.rank")
     ipc_engine = (cfg.vllm.executor_backend == "mp" and t.device == "cuda") or cfg.vllm.engine_core_process
     if t.async_enable and ipc_engine:
         problems.append("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets from an actor "
                         "on the same GPU; train.async_enable gives the engines GPUs of their own (weights arrive by "
                         "broadcast): drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
     return problems
+
+
+def _lora_problems(cfg: RunConfig) -> list[str]:
+    """What a LoRA policy does not support here, each with its reason (`--ds.load_in_4bit` stays unimplemented)."""
+    if not cfg.uses_lora:
+        return []
+    rank = cfg.ds.lora.rank
+    unsupported = [
+        (cfg.ds.zero_stage == 3, f"ds.zero_stage 3 with ds.lora.rank {rank}: ZeRO-3 would partition the frozen base "
+         "and gather it at every forward, while the adapters it could partition are small; use --ds.zero_stage 2"),
+        (cfg.ds.ring_attn_size > 1, f"ds.ring_attn_size {cfg.ds.ring_attn_size} with ds.lora.rank {rank}: ring "
+         "attention is not built for PEFT-wrapped policies; drop --ds.ring_attn_size or --ds.lora.rank"),
+        (cfg.uses_critic, f"algo.advantage.estimator 'gae' with ds.lora.rank {rank}: a critic beside a LoRA policy is "
+         "not built; choose a critic-free estimator (rloo, reinforce_baseline, group_norm, dr_grpo, reinforce)"),
+        (cfg.vllm.sleep_level == 2, f"vllm.sleep_level 2 with ds.lora.rank {rank}: level 2 drops the base weights, "
+         "and a LoRA sync sends only the adapter, so nothing would bring the base back; use --vllm.sleep_level 1"),
+        (cfg.vllm.tensor_parallel_size > 1 or cfg.vllm.engine_core_process or cfg.vllm.executor_backend == "mp",
+         f"ds.lora.rank {rank} needs rollout engines of one worker in the rollout worker's process (got "
+         f"vllm.tensor_parallel_size {cfg.vllm.tensor_parallel_size}, vllm.engine_core_process "
+         f"{cfg.vllm.engine_core_process}, vllm.executor_backend {cfg.vllm.executor_backend!r}): the adapter is "
+         "loaded there; drop those flags"),
+    ]
+    return [message for is_broken, message in unsupported if is_broken]
+
+
+def _ema_problems(cfg: RunConfig) -> list[str]:
+    if cfg.train.enable_ema and cfg.ds.zero_stage == 3:
+        return ["train.enable_ema with ds.zero_stage 3: each rank holds a partition of the weights, and the EMA (kept "
+                "whole by rank 0) would gather every parameter at each optimizer step; use --ds.zero_stage 2"]
+    return []
 
 
 def _agent_problems(cfg: RunConfig) -> list[str]:

@@ -3,7 +3,8 @@
 Owns the layout `<ckpt.path>/_<role>/global_step<k>/` (DeepSpeed's own format: model, optimizer, scheduler and
 `client_state`), HF exports `<ckpt.path>/global_step<k>_hf/`, rotation to `ckpt.max_num`, and staging through a local
 temporary folder when the checkpoint root is `s3://…` (DeepSpeed writes local files only).
-It knows nothing about Ray, Prefect or what the client state means.
+A LoRA policy's checkpoints hold its adapters and their optimizer states only (the frozen base is the model it was
+loaded from). It knows nothing about Ray, Prefect or what the client state means.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def save_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
     is_local = "file" in fs.protocol
     local_root = Path(root if is_local else tempfile.mkdtemp(prefix="hybrid-ckpt-")) / f"_{role}"
     engine.finish_sleep()  # the optimizer states are whole again (in host memory) before DeepSpeed reads them
-    engine.engine.save_checkpoint(str(local_root), tag=tag_of(step), client_state=client_state)
+    engine.engine.save_checkpoint(str(local_root), tag=tag_of(step), client_state=client_state,
+                                  exclude_frozen_parameters=engine.has_adapters)
     if not is_local:  # each data-parallel rank uploads the files it wrote (its optimizer partition; rank 0 the model)
         local_tag = local_root / tag_of(step)
         for path in sorted(p for p in local_tag.rglob("*") if p.is_file()):
@@ -59,7 +61,8 @@ def load_checkpoint(engine: DeepSpeedTrainEngine, ckpt_root: str, role: str, ste
         raise FileNotFoundError(f"checkpoint {tag_of(step)} of the {role} not found under {ckpt_root}")
     engine.finish_sleep()
     _, client_state = engine.engine.load_checkpoint(str(local_root), tag=tag_of(step), load_optimizer_states=True,
-                                                    load_lr_scheduler_states=True)
+                                                    load_lr_scheduler_states=True,
+                                                    load_module_strict=not engine.has_adapters)
     if not is_local:
         shutil.rmtree(local_root.parent, ignore_errors=True)
     return client_state or {}
@@ -81,18 +84,19 @@ def remove_checkpoints(ckpt_root: str, steps: list[int]) -> None:
             fs.rm(path, recursive=True)
 
 
-def export_hf(engine: DeepSpeedTrainEngine, out_uri: str, tokenizer) -> str:
-    """HF weights (+ tokenizer) to `out_uri`, staged locally for object stores, written by rank 0. Under ZeRO-3 every
-    rank calls it: the others only join the gather of the weights."""
+def export_hf(engine: DeepSpeedTrainEngine, out_uri: str, tokenizer, with_merged: bool = False) -> str:
+    """HF weights (+ tokenizer) to `out_uri`, staged locally for object stores, written by rank 0 (a LoRA policy's
+    adapter, and with `with_merged` its merged model; see `save_hf`). Under ZeRO-3 every rank calls it: the others
+    only join the gather of the weights."""
     if engine.rank != 0:
         engine.save_hf(out_uri)  # writes nothing off rank 0
         return out_uri
     fs, root = fsspec.core.url_to_fs(out_uri)
     if "file" in fs.protocol:
-        engine.save_hf(root, tokenizer)
+        engine.save_hf(root, tokenizer, with_merged)
         return out_uri
     local = tempfile.mkdtemp(prefix="hybrid-hf-")
-    engine.save_hf(local, tokenizer)
+    engine.save_hf(local, tokenizer, with_merged)
     fs.put(local, root, recursive=True)
     shutil.rmtree(local, ignore_errors=True)
     return out_uri

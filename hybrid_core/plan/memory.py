@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
+from hybrid_core.plan.adapter_memory import adapter_notes, trained_params
 from hybrid_core.plan.model_shapes import ModelShape, model_shape
 from hybrid_core.switches import switch_value
 
@@ -111,7 +112,8 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     params, world, stage = shape.num_params, cfg.actor_world_size, cfg.ds.zero_stage
     param_bytes = PARAM_BYTES[cfg.ds.param_dtype]
     state_bytes = optimizer_bytes_per_param(cfg.actor if has_logits else cfg.critic, shape, cfg.ds.param_dtype)
-    partition = params / world if stage >= 1 else params
+    trained = trained_params(cfg, shape) if has_logits else params  # a LoRA policy trains its adapters alone
+    partition = trained / world if stage >= 1 else trained
     step_params = min(partition, ZERO3_SUB_GROUP_PARAMS) if stage == 3 else partition
     tokens, forward_tokens = ring_tokens(train_tokens(cfg), cfg), ring_tokens(forward_tokens_of(cfg), cfg)
     chunk = cfg.ds.logit_chunk_tokens  # a ring's rank runs the head over its own share's response tokens only
@@ -129,7 +131,7 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     head_gradient_sum = shape.vocab_size * shape.hidden_size * param_bytes
     return TrainerBytes(
         weights=params * param_bytes / (world if stage == 3 else 1) / GIB,
-        gradients=params * param_bytes / (world if stage >= 2 else 1) / GIB,
+        gradients=trained * param_bytes / (world if stage >= 2 else 1) / GIB,
         optimizer=0.0 if offloaded else partition * state_bytes / GIB,
         activations=activations / GIB,
         logits=(logit_tokens * shape.vocab_size * per_logit + head_gradient_sum) / GIB if has_logits else 0.0,
@@ -358,6 +360,7 @@ def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int
     elif cfg.ds.enable_sleep:
         notes.append(f"DeepSpeed sleeps outside its train phase: optimizer states wait in pinned host memory "
                      f"({actor.optimizer:.2f} GiB of RAM per GPU for the actor)")
+    notes += adapter_notes(cfg, shape)
     if "ref" in roles and cfg.ref.offload:
         ref_gib = shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / GIB
         notes.append(f"ref.offload: the reference's weights wait in pinned host memory outside the experience phase "
@@ -387,3 +390,4 @@ def render_memory(plan: MemoryPlan) -> list[str]:
     lines.append(f"peak: {plan.peak_gib:.2f} GiB in phase {plan.peak_phase.name}")
     lines.append(fit_summary(plan))
     return lines + [f"note: {note}" for note in plan.notes]
+

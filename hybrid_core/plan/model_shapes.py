@@ -34,6 +34,22 @@ class ModelShape:
         attention = h * q_dim + 2 * h * kv_dim + q_dim * h
         return attention + 3 * h * self.intermediate_size + 2 * h + 2 * self.head_dim
 
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder layer, by module name."""
+        h, q_dim = self.hidden_size, self.num_attention_heads * self.head_dim
+        kv_dim, inter = self.num_key_value_heads * self.head_dim, self.intermediate_size
+        return {"q_proj": (h, q_dim), "k_proj": (h, kv_dim), "v_proj": (h, kv_dim), "o_proj": (q_dim, h),
+                "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+
+    def adapter_params(self, rank: int, target_modules: list[str]) -> int:
+        """LoRA parameters of every layer's targeted linears (A: rank × in, B: out × rank), and of the output head
+        when `lm_head` is named; `all-linear` is every linear of the layers (PEFT leaves the output head out)."""
+        shapes = self.linear_shapes()
+        targets = shapes if target_modules == ["all-linear"] else [t for t in target_modules if t in shapes]
+        per_layer = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        head = rank * (self.hidden_size + self.vocab_size) if "lm_head" in target_modules else 0
+        return self.num_hidden_layers * per_layer + head
+
     @property
     def largest_param_numel(self) -> int:
         """The biggest single tensor (the embedding for these vocabularies): a sync bucket is at least that big."""

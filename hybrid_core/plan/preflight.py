@@ -82,6 +82,23 @@ def value_head_problems(path: str | None, value_head_prefix: str) -> list[str]:
             "its head with --ds.value_head_prefix"]
 
 
+def lora_target_problems(cfg: RunConfig) -> list[str]:
+    """Every `ds.lora.target_modules` name is a module of the local model that holds weights (a linear layer's
+    `...<name>.weight`); `all-linear` is PEFT's every linear layer but the output head. Safetensors checkpoints
+    only (a hub model is checked when the actor wraps it)."""
+    path, targets = cfg.actor.model_name_or_path, cfg.ds.lora.target_modules
+    model = Path(path) if path else None
+    files = sorted(model.glob("*.safetensors")) if cfg.uses_lora and model and model.is_dir() else []
+    if not files or targets == ["all-linear"]:
+        return []
+    modules = {name.rsplit(".", 1)[0].rsplit(".", 1)[-1] for file in files for name in safetensors_names(file)}
+    missing = [target for target in targets if target not in modules]
+    if not missing:
+        return []
+    return [f"ds.lora.target_modules names {missing} that actor.model_name_or_path {path!r} lacks; its modules "
+            f"with weights are {sorted(modules)}: pick from them, or use --ds.lora.target_modules all-linear"]
+
+
 def input_problems(cfg: RunConfig) -> list[str]:
     """The inputs can feed the run: dataset rows, the reward file or servers, the agent file, the model directory."""
     d, url = cfg.data, cfg.reward.remote_url
@@ -89,6 +106,7 @@ def input_problems(cfg: RunConfig) -> list[str]:
     problems += model_problems(cfg.critic.model_name_or_path, "critic.model_name_or_path")
     problems += model_problems(cfg.reward.model_name_or_path, "reward.model_name_or_path")
     problems += value_head_problems(cfg.reward.model_name_or_path, cfg.ds.value_head_prefix)
+    problems += lora_target_problems(cfg)
     sources = [name.strip() for name in (d.prompt_dataset or "").split(",")]
     for source in sources:  # local sources are read here; hub datasets when the rollout worker loads them
         if source and Path(source).exists():  # a mix's step size is checked on the mix, by the worker

@@ -158,7 +158,7 @@ class ActorWorker:
             waited = self.finish_sleeps(self.args.engine_wake_share)
         if committed is not None:  # synced again after a restore: the record stands
             return self._reproduced(step, SYNC.name, committed)
-        stats = {"bytes": float(sent), "timing_s/ds_sleep_wait": waited}
+        stats = {"bytes": float(sent), "sync/bytes": float(sent), "timing_s/ds_sleep_wait": waited}
         return result_from_entry(SYNC.name, step, self.ledger.record(step, SYNC.name, self.clock, stats,
                                                                      policy_version=step))
 
@@ -237,6 +237,10 @@ class ActorWorker:
 
     def logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
         return self.policy.logprobs(prompt_ids, response_ids)
+
+    def ref_logprobs_of(self, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> list[list[float]]:
+        """A LoRA policy's reference logprobs (its base), called by rank 0's advantage stage on ranks 1..n-1."""
+        return self.policy.ref_logprobs(prompt_ids, response_ids)
 
     def save_model(self, out_uri: str) -> str:
         """The run's final HF export, written by rank 0 while the other ranks join ZeRO-3's gather."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from hybrid_core.algorithms.experience import reads_old_logprobs
-from hybrid_core.engines.experience_maker import make_advantage_table
+from hybrid_core.engines.experience_maker import ExperienceSources, make_advantage_table
 from hybrid_core.engines.frozen_model import memory_peak_gib, reset_memory_peak
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.step_contract import ADVANTAGE, ROLLOUT
@@ -33,6 +33,11 @@ class ShardedPolicy:
         local = lambda p, r: self.own.logprobs(p, r, batching)  # noqa: E731
         return self.lead.logprobs(prompt_ids, response_ids, local, self.ring_size)
 
+    def ref_logprobs(self, prompt_ids, response_ids, batching: MicroBatching) -> list[list[float]]:
+        """A LoRA policy's base, its adapters off: the reference, without a reference worker."""
+        local = lambda p, r: self.own.ref_logprobs(p, r, batching)  # noqa: E731
+        return self.lead.logprobs(prompt_ids, response_ids, local, self.ring_size, is_reference=True)
+
 
 class ExperienceStage:
     """Step by step, the advantage stage of the actor whose arguments are `args` (`ActorWorkerArgs`)."""
@@ -54,19 +59,31 @@ class ExperienceStage:
         sharded = ShardedPolicy(self.lead, self.policy, self.args.ds.ring_attn_size)
         policy = None if self._old_from_update(step) else sharded
         table, stats = make_advantage_table(policy, self.store.read(step, ROLLOUT.name),
-                                            self.store.read(step, "reward"), self.forwards.sources(step), settings,
+                                            self.store.read(step, "reward"), self._sources(step, sharded), settings,
                                             self.args.penalties, self.args.experience_batching)
         stats |= memory_peak_gib("actor_experience") | {"kl_coef": kl_coef, "num_samples": float(table.num_rows)}
         entry = self.ledger.commit(step, ADVANTAGE.name, table, clock, stats)
         return StageResult(stage=ADVANTAGE.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, ADVANTAGE.name), metrics=entry["metrics"])
 
+    def _sources(self, step: int, sharded: ShardedPolicy) -> ExperienceSources:
+        """The other workers' forwards; a LoRA policy's reference logprobs come from the policy's own ranks."""
+        sources = self.forwards.sources(step)
+        if not self._reference_from_actor:
+            return sources
+        batching = self.args.experience_batching
+        return dataclasses.replace(sources, ref_logprobs=lambda p, r: sharded.ref_logprobs(p, r, batching))
+
+    @property
+    def _reference_from_actor(self) -> bool:
+        return self.args.ds.lora.rank > 0 and self.args.kl.init_coef > 0
+
     def _old_from_update(self, step: int) -> bool:
         """Whether step `step`'s old logprobs come from its update's own forward (no separate forward): the update is
         exactly on-policy, the advantages do not read them, and the actor trains this step."""
         a = self.args
         return a.is_update_on_policy and step > a.freezing_steps and \
-            not reads_old_logprobs("ref" in a.roles, a.advantage.kl_use_loss)
+            not reads_old_logprobs(a.kl.init_coef > 0, a.advantage.kl_use_loss)
 
     def start_forwards(self, step: int) -> bool:
         """As the reward stage begins, start the reference's and critic's forwards of step `step`'s committed

@@ -74,10 +74,12 @@ class PolicyLead:
         """The HF export, written by rank 0 while the other ranks join ZeRO-3's gather."""
         return self._together([(rank, peer.export_share.remote(out_uri)) for rank, peer in self._ranked()], own)
 
-    def logprobs(self, prompt_ids, response_ids, own: Callable, ring_size: int) -> list[list[float]]:
+    def logprobs(self, prompt_ids, response_ids, own: Callable, ring_size: int,
+                 is_reference: bool = False) -> list[list[float]]:
         """The policy's no-grad logprobs in shares, one per data-parallel group (a rank, or a ring of ranks); rank
-        0 computes the first by `own`."""
-        remote = [(rank, lambda p, r, peer=peer: peer.logprobs_of.remote(p, r)) for rank, peer in self._ranked()]
+        0 computes the first by `own`. `is_reference`: a LoRA policy's base, its adapters off (the reference)."""
+        method = "ref_logprobs_of" if is_reference else "logprobs_of"
+        remote = [(rank, lambda p, r, peer=peer: getattr(peer, method).remote(p, r)) for rank, peer in self._ranked()]
         return rank_group.sharded_rows(prompt_ids, response_ids, "actor", remote, self.timeout_s, local=own,
                                        ring_size=ring_size)
 

@@ -13,8 +13,10 @@ from hybrid_core.data.stage_tables import action_masks, experience_figures
 from hybrid_core.engines.actor_trainer import TrainSamples, fit_actor
 from hybrid_core.engines.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
+from hybrid_core.engines.ema import EmaWeights
 from hybrid_core.engines.experience_maker import OLD_FROM_UPDATE
 from hybrid_core.engines.frozen_model import load_tokenizer, memory_peak_gib, reset_memory_peak
+from hybrid_core.engines.lora_policy import reference_forward
 from hybrid_core.engines.minibatch_updates import BatchPlan
 from hybrid_core.engines.sequence_batch import MicroBatching
 from hybrid_core.engines.weight_sync import join_bucket_gathers
@@ -31,9 +33,11 @@ class PolicyRank:
         self.tokenizer = load_tokenizer(args.model_path)
         num_ranks = dict(args.role_ranks).get("actor", 1)
         sleep_buffer = start_sleep_buffer(args.model_path, args.ds, num_ranks)  # allocated while the model loads
-        self.engine = DeepSpeedTrainEngine(load_policy(args.model_path, args.actor, args.ds), args.actor, args.ds,
-                                           args.train, args.total_optimizer_steps, self.tokenizer.pad_token_id,
-                                           sleep_buffer)
+        policy = load_policy(args.model_path, args.actor, args.ds, args.train.seed)
+        self.engine = DeepSpeedTrainEngine(policy, args.actor, args.ds, args.train, args.total_optimizer_steps,
+                                           self.tokenizer.pad_token_id, sleep_buffer)
+        if args.train.enable_ema and rank == 0:  # the ranks' weights are equal (ZeRO ≤ 2): rank 0 keeps the average
+            self.engine.ema = EmaWeights(self.engine.module, args.train.ema_beta)
         self.engine.sleep()
         self.sender = WeightSender(args.sync_transport, args.sync_bucket_bytes, timeout_s)
         self.trained_step = 0
@@ -66,7 +70,7 @@ class PolicyRank:
         engine_logprobs = ro.column("rollout_logprobs")  # null: the engine was asked for none
         return TrainSamples(column(ro, "prompt_ids"), column(ro, "response_ids"),
                             None if old_from_update else column(adv, "old_logprobs"),
-                            column(adv, "ref_logprobs") if "ref" in self.args.roles else None,
+                            column(adv, "ref_logprobs") if self.args.kl.init_coef > 0 else None,
                             column(adv, "advantages"),
                             None if engine_logprobs.null_count else engine_logprobs.to_pylist(), action_masks(ro))
 
@@ -100,20 +104,32 @@ class PolicyRank:
         return self.sender.send_beside(module, is_zero3, target, feeders)
 
     def save(self, step: int, client_state: dict) -> str:
-        """This rank's part of DeepSpeed checkpoint `step` (and of its HF export with ckpt.save_hf)."""
+        """This rank's part of DeepSpeed checkpoint `step` (and of its HF export with ckpt.save_hf); rank 0's EMA
+        goes in its client state."""
+        if self.engine.ema is not None:
+            client_state = client_state | {"ema": self.engine.ema.state_dict()}
         uri = save_checkpoint(self.engine, self.args.ckpt_root, "actor", step, client_state)
         if self.args.save_hf:  # on every rank: ZeRO-3 gathers the weights from all of them, rank 0 writes
-            export_hf(self.engine, f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf", self.tokenizer)
+            self.export(f"{self.args.ckpt_root.rstrip('/')}/global_step{step}_hf")
         return uri
 
     def load(self, step: int) -> dict:
-        """Checkpoint `step` into this rank's engine; its client state. The rank then holds version `step`."""
+        """Checkpoint `step` into this rank's engine (and EMA); its client state. The rank then holds version
+        `step`."""
         state = load_checkpoint(self.engine, self.args.ckpt_root, "actor", step)
+        if self.engine.ema is not None:
+            self.engine.ema.load_state_dict(state["ema"])
         self.trained_step = step
         return state
 
     def export(self, out_uri: str) -> str:
-        return export_hf(self.engine, out_uri, self.tokenizer)
+        return export_hf(self.engine, out_uri, self.tokenizer, self.args.ds.lora.save_merged)
+
+    def ref_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                     batching: MicroBatching | None = None) -> list[list[float]]:
+        """A LoRA policy's reference logprobs: its base with the adapters off, which is the initial policy."""
+        with reference_forward(self.engine.module):
+            return self.logprobs(prompt_ids, response_ids, batching)
 
     def logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]],
                  batching: MicroBatching | None = None) -> list[list[float]]:

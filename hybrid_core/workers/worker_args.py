@@ -17,6 +17,7 @@ from hybrid_core.engines.frozen_model import FrozenModelSettings
 from hybrid_core.engines.reward_model import RewardModelSettings
 from hybrid_core.engines.ring_attention import RingSettings
 from hybrid_core.engines.sequence_batch import MicroBatching
+from hybrid_core.engines.lora_policy import LoraSettings
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings
 from hybrid_core.plan.run_plan import RunPlan, run_plan
 from hybrid_core.rewards.sources import RewardSourceSpec
@@ -120,7 +121,9 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
                           block_size=v.block_size, attention_backend=v.attention_backend,
-                          executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process)
+                          executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process,
+                          lora=LoraSettings.of(cfg.ds.lora, cfg.train.seed))
+
 
 
 def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None) -> RolloutWorkerArgs:

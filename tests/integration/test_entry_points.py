@@ -25,7 +25,7 @@ from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
-UNIMPLEMENTED = ["--ds.load_in_4bit", "--ds.lora.rank", "8", "--ds.lora.alpha", "32"]
+UNIMPLEMENTED = ["--ds.load_in_4bit", "--ds.zpg", "8", "--ckpt.max_mem", "32"]
 
 
 def test_rl_train_refuses_what_hybrid_train_refuses_before_any_worker(tmp_path, tiny_model, ray_session,
@@ -40,7 +40,7 @@ def test_rl_train_refuses_what_hybrid_train_refuses_before_any_worker(tmp_path, 
     with pytest.raises(PreflightError) as err:
         rl_train(micro_config(tmp_path, *UNIMPLEMENTED), run_id="refused")
     assert str(err.value) == cli.stderr.strip()  # the same message, word for word
-    for flag in ("--ds.load_in_4bit (set to True)", "--ds.lora.rank (set to 8)", "--ds.lora.alpha (set to 32)"):
+    for flag in ("--ds.load_in_4bit (set to True)", "--ds.zpg (set to 8)", "--ckpt.max_mem (set to 32.0)"):
         assert flag in str(err.value)
     assert not (tmp_path / "refused").exists()  # refused before the run directory, the lease or any worker
     assert not [a for a in ray_session.util.list_named_actors(all_namespaces=True) if "refused" in a["name"]]

@@ -1,6 +1,8 @@
 """Weight sync between the ActorWorker (DeepSpeed) and the RolloutWorker (vLLM CPU build) as real Ray actors."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -18,25 +20,32 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra, rb, strict=True))
 
 
+@contextlib.contextmanager
+def started_workers(cfg, run_id: str):
+    """The run's workers started without the flow, stopped at the end."""
+    from hybrid_core.workers import launch
+    from hybrid_core.workers.worker_args import run_ref
+
+    run = run_ref(cfg, run_id)
+    try:
+        launch.start_workers(cfg, run)
+        yield run
+    finally:
+        launch.stop_workers(run)
+
+
 @pytest.fixture(scope="module")
 def sync_run(tmp_path_factory, tiny_model, ray_session):
     """Colocated on CPU under ZeRO-2: buckets by value through Ray's object store (ZeRO-3's gather of each bucket
     is the distributed run's; gathering and transport are independent steps of `WeightSender.send`)."""
     from conftest import micro_config
 
-    from hybrid_core.workers import launch
-    from hybrid_core.workers.worker_args import run_ref
-
     root = tmp_path_factory.mktemp("sync")
     reward_file = distinct_chars_reward(root)
     cfg = micro_config(root, "--actor.adam.lr", "0.01", "--reward.remote_url", str(reward_file),
                        "--ds.zero_stage", "2", "--vllm.sync_bucket_mb", "1")
-    run = run_ref(cfg, "sync-test-zero2")
-    try:
-        launch.start_workers(cfg, run)
+    with started_workers(cfg, "sync-test-zero2") as run:
         yield run
-    finally:
-        launch.stop_workers(run)
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,9 @@ def test_partial_rollout_and_oversampling_need_async_and_async_engines_take_no_i
     assert problem.startswith("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets")
     assert problem.endswith("drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
     RunConfig.model_validate({"train": {"async_enable": True, "async_queue_size": 2}})
+    [lora] = problems_of({"train": {"async_enable": True, "partial_rollout_enable": True}, "ds": {"lora": {"rank": 8}},
+                          "algo": {"advantage": {"estimator": "reinforce"}}})
+    assert lora.startswith("train.partial_rollout_enable with ds.lora.rank 8: a LoRA sync activates a new adapter")
     agent = {"async_enable": True, "partial_rollout_enable": True, "agent_func_path": "data/agents/guess.py"}
     assert problems_of({"train": agent}) == [
         "train.partial_rollout_enable pauses single-turn generation between engine steps; an agent's episodes "
@@ -231,8 +234,8 @@ def test_derived_values():
 
 def test_leaf_paths_and_changed_fields():
     paths = leaf_paths()
-    # OpenRLHF 0.11's and PROJECT ones; the newest: ds.logprob_kernel, ds.packed_attention, ds.wake_copy
-    assert len(paths) == 190
+    # OpenRLHF 0.11's and PROJECT ones; the newest: ds.lora.save_merged
+    assert len(paths) == 191
     assert paths["ds.logit_chunk_tokens"].default == 4096
     assert "reward.remote_batch_size" in paths and paths["reward.remote_batch_size"].default == 32
     assert paths["actor.adam.lr"].default == 1e-6

@@ -237,12 +237,12 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 195  # 190 fields + the negations of the booleans that default to true or to the run's choice:
+    assert len(names) == 196  # 191 fields + the negations of the booleans that default to true or to the run's choice:
     # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt, --rollout.no_logprobs,
     # --ds.no_use_liger_kernel
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]
     assert {"--vllm.enable_sleep", "--critic.muon.no_nesterov", "--logger.wandb.project", "--use_ms",
             "--rollout.no_seed_per_prompt", "--rollout.no_logprobs", "--ds.no_use_liger_kernel",
             "--vllm.attention_backend", "--vllm.executor_backend", "--vllm.block_size",
-            "--vllm.engine_core_process"} <= set(names)
+            "--vllm.engine_core_process", "--ds.lora.save_merged"} <= set(names)
     assert "--config" not in names and len(set(names)) == len(names)

@@ -240,6 +240,9 @@ def _iteration_figures(results, run_dir: Path, rows: dict[int, dict]) -> None:
     orchestration = wall - sum(stage_s[s] for s in STAGES)
     overhead = sum(stage_s[k.split("/")[1]] for k in OVERHEAD_KEYS) + orchestration
     results.figure("iteration_wall_s", wall, trials={k: walls[k] for k in sorted(walls)})
+    if all("sync/bytes" in rows[k] for k in timed):  # what each sync pushed: every weight, or a LoRA's adapter
+        results.figure("iteration_sync_bytes", statistics.fmean(rows[k]["sync/bytes"] for k in timed),
+                       trials={k: rows[k]["sync/bytes"] for k in timed})
     per_step = {k: {key: value for key, value in row.items() if key.startswith(("timing_s/", "memory_gib/"))}
                 for k, row in rows.items()}
     results.figure("iteration_stage_s", stage_s | {"orchestration": orchestration}, trials=per_step)

@@ -32,6 +32,16 @@ def peft_config(lora: LoraSettings, names: list[str]) -> dict:
             "bias": "none"}
 
 
+def _rename_mapper(model):
+    """vLLM's renames of the model's HF weight names without its qkv/gate_up stacking, as its own adapter loader
+    uses them: `get_rename_mapper` in vLLM 0.32, `get_unstacked_mapper` in 0.26 (None: the model renames nothing)."""
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return None
+    renames = getattr(mapper, "get_rename_mapper", None) or mapper.get_unstacked_mapper
+    return renames()
+
+
 def _add_adapter(worker, tensors: dict[str, torch.Tensor], config: dict, lora_id: int) -> int:
     """In vLLM's worker: the adapter `lora_id` from tensors replaces every adapter the worker holds, and is active."""
     from vllm.lora.peft_helper import PEFTHelper
@@ -40,11 +50,10 @@ def _add_adapter(worker, tensors: dict[str, torch.Tensor], config: dict, lora_id
     helper = PEFTHelper.from_dict(config)
     helper.validate_legal(manager.lora_config)
     model = manager._adapter_manager.model
-    mapper = getattr(model, "hf_to_vllm_mapper", None)
     adapter = manager._lora_model_cls.from_lora_tensors(
         lora_model_id=lora_id, tensors=tensors, peft_helper=helper, device="cpu",
         dtype=manager.lora_config.lora_dtype, model_vocab_size=manager.vocab_size,
-        weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+        weights_mapper=_rename_mapper(model),
         skip_prefixes=getattr(model, "lora_skip_prefixes", None))
     manager.remove_all_adapters()
     manager._adapter_manager.add_adapter(adapter)

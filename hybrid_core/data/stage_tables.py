@@ -131,7 +131,10 @@ def step_metrics(rollout: pa.Table, reward: pa.Table, advantage: pa.Table, train
 
 
 def metrics_table(step: int, metrics: dict[str, float]) -> pa.Table:
-    return pa.Table.from_pylist([{"step": step} | metrics])
+    """Step `step`'s metrics row: the step, then the figures by name, so the same figures make the same bytes
+    whatever order the stages' records listed them in (a step trained again after a restore lists them in
+    another)."""
+    return pa.Table.from_pylist([{"step": step} | dict(sorted(metrics.items()))])
 
 
 def experience_figures(advantage_entry: dict | None) -> dict[str, float]:

@@ -97,8 +97,9 @@ LORA_EMA = (*LORA, "--train.enable_ema", "--train.ema_beta", str(EMA_BETA), "--a
 
 
 def run_fingerprint(run_dir) -> dict:
-    """What two runs of one configuration share: every committed stage dataset's hash (the metrics rows' values),
-    the train and sync records' figures without timings, and the exported adapter and EMA adapter."""
+    """What two runs of one configuration share: every committed stage dataset's hash (the metrics rows' too: their
+    columns are in name order, also for the step trained again after the restore), the metrics rows' values, the
+    train and sync records' figures without timings, and the exported adapter and EMA adapter."""
     import hashlib
     import json
     from pathlib import Path
@@ -109,8 +110,7 @@ def run_fingerprint(run_dir) -> dict:
 
     steps = json.loads((Path(run_dir) / "manifest.json").read_text())["steps"]
     hashes = {f"{k}/{stage}": entry["hash"] for k, stages in steps.items()
-              for stage, entry in stages.items() if isinstance(entry, dict) and "hash" in entry and stage != "metrics"}
-    # a row by its values: the row of the step trained again after the restore lists its columns in another order
+              for stage, entry in stages.items() if isinstance(entry, dict) and "hash" in entry}
     rows = {f"{k}/metrics": {key: v for key, v in read_metrics(str(run_dir), int(k)).items()
                              if not key.startswith(VOLATILE)} for k in steps}
     records = {f"{k}/{stage}": {key: v for key, v in stages[stage]["metrics"].items() if not key.startswith(VOLATILE)}

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from hybrid_core.data.rollout_store import table_hash
 from hybrid_core.data.stage_tables import (ADVANTAGE_SCHEMA, METRIC_COLUMNS, REWARD_SCHEMA, ROLLOUT_SCHEMA,
                                            advantage_table, metrics_table, ragged_column, reward_table, rollout_table,
                                            sample_keys, step_metrics)
@@ -153,3 +154,11 @@ def test_metrics_table_puts_the_step_first():
     table = metrics_table(7, {"reward/mean": 0.5, "timing_s/train": 2.0})
     assert table.column_names == ["step", "reward/mean", "timing_s/train"]
     assert table.to_pylist() == [{"step": 7, "reward/mean": 0.5, "timing_s/train": 2.0}]
+
+
+def test_metrics_table_bytes_do_not_depend_on_the_figures_order():
+    listed = {"timing_s/train": 2.0, "actor/kl": 0.25, "reward/mean": 0.5}
+    relisted = {"reward/mean": 0.5, "timing_s/train": 2.0, "actor/kl": 0.25}
+    table, again = metrics_table(3, listed), metrics_table(3, relisted)
+    assert table.column_names == ["step", "actor/kl", "reward/mean", "timing_s/train"]
+    assert table.equals(again) and table_hash(table) == table_hash(again)

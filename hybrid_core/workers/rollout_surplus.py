@@ -80,7 +80,7 @@ class Draws:
 
 
 def group_rows(table: pa.Table, positions: list[int], n: int) -> pa.Table:
-    return table.take([p * n + j for p in positions for j in range(n)])
+    return table.take(pa.array([p * n + j for p in positions for j in range(n)], pa.int64()))
 
 
 class SurplusBatches:

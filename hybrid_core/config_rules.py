@@ -66,7 +66,8 @@ def _oversampling_problems(cfg: RunConfig) -> list[str]:
         problems.append(f"rollout.vllm_generate_batch_size {size} > rollout.batch_size {batch_size} oversamples to "
                         "replace the groups dynamic filtering drops, without a refill round: got "
                         f"algo.dynamic_filtering_enable=False, so {size - batch_size} groups a step would be generated "
-                        "only to expire; add --algo.dynamic_filtering_enable or drop --rollout.vllm_generate_batch_size")
+                        "only to expire; add --algo.dynamic_filtering_enable or drop "
+                        "--rollout.vllm_generate_batch_size")
     return problems
 
 

@@ -119,7 +119,8 @@ class AheadGeneration:
                 metrics |= token_figures(table)
             record = {"seconds": time.perf_counter() - started, "metrics": metrics}
             for name, beside in batch.beside().items():  # the rollout's entry, written last, marks the batch whole
-                store.write_ahead(step, name, beside, oldest_version(beside, first_version), batch.records.get(name, {}))
+                version = oldest_version(beside, first_version)
+                store.write_ahead(step, name, beside, version, batch.records.get(name, {}))
             entry = store.write_ahead(step, ROLLOUT.name, table, oldest_version(table, first_version), record)
         w.ledger.faults.reach(step, ROLLOUT.name, "written")
         store.log_event(step, ROLLOUT.name, "generated", rows=table.num_rows, policy_version=entry["policy_version"])

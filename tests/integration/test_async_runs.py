@@ -101,18 +101,9 @@ def test_an_async_run_killed_twice_resumes_to_the_uninterrupted_run(head, tmp_pa
     assert straight.wait(timeout=900) == 0, (tmp_path / "straight.log").read_text()[-3000:]
     assert_no_run_actors(head)
     run_dir = tmp_path / "killed"
-    proc = head.train(*async_micro(tmp_path, "killed"), log=tmp_path / "driver-0.log",
-                      faults="sleep8:5:rollout:start,hold:7:rollout:start", release=tmp_path / "never")
-    wait_for_event(run_dir, 5, "rollout", "fault", proc)
-    kill_driver(proc)
-    proc = head.train("--resume", str(run_dir), log=tmp_path / "driver-1.log")
-    wait_for_event(run_dir, 7, "rollout", "fault", proc)
-    kill_driver(proc)
-    kill_worker(head, "RolloutWorker")
-    proc = head.train("--resume", str(run_dir), log=tmp_path / "driver-2.log")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "driver-2.log").read_text()[-3000:]
-    assert_no_run_actors(head)
-    first, second = ((tmp_path / f"driver-{n}.log").read_text() for n in (1, 2))
+    first, second = killed_twice(head, run_dir, async_micro(tmp_path, "killed"),
+                                 "sleep8:5:rollout:start,hold:7:rollout:start", [(5, "rollout", "fault")],
+                                 [(7, "rollout", "fault")])
     # which batches a step had taken when the kill landed is a race; batch 5 (generating) is always kept
     kept = re.search(r"batches kept for steps \[([\d, ]+)\], lost in flight and generated again: none", first)
     assert "is_attached=True" in first and kept and {4, 5} <= {int(k) for k in kept.group(1).split(",")}, first
@@ -120,15 +111,36 @@ def test_an_async_run_killed_twice_resumes_to_the_uninterrupted_run(head, tmp_pa
     expected, resumed = fingerprint(tmp_path / "straight"), fingerprint(run_dir)
     assert (expected.pop("checkpoints"), resumed.pop("checkpoints")) == ([2, 4, 6], [2, 4, 6])
     assert resumed == expected
-    log = events(run_dir)
-    commits = [(e["step"], e["stage"]) for e in log if e["event"] == "commit" and e["stage"] in DATASETS]
-    assert sorted(commits) == sorted((k, s) for k in range(1, 8) for s in DATASETS)
-    generated = [e["step"] for e in log if e["event"] == "generated"]
-    assert sorted(generated) == list(range(1, 8))
-    begun = [e["step"] for e in log if e["event"] == "start" and e.get("ahead")]
-    assert sorted(begun) == [1, 2, 3, 4, 5, 6, 7, 7]
+    assert_committed_and_generated_once(run_dir, 7, DATASETS, lost=[7])
     for k in range(1, 8):
         assert batch_versions(run_dir, k) == {max(0, k - 3)}, k
+
+
+def killed_twice(head, run_dir, args: list[str], faults: str, first_kill: list[tuple], second_kill: list[tuple]):
+    """Train `args` with `faults`; kill the driver once the events `first_kill` are logged, resume; kill the driver
+    and the engine once `second_kill` are, resume to the end. Returns the two resumed drivers' logs."""
+    logs = [run_dir.parent / f"driver-{n}.log" for n in range(3)]
+    proc = head.train(*args, log=logs[0], faults=faults, release=run_dir.parent / "never")
+    for kill in (first_kill, second_kill):
+        for step, stage, event in kill:
+            wait_for_event(run_dir, step, stage, event, proc)
+        kill_driver(proc)
+        if kill is second_kill:
+            kill_worker(head, "RolloutWorker")
+        proc = head.train("--resume", str(run_dir), log=logs[1 if kill is first_kill else 2])
+    assert proc.wait(timeout=900) == 0, logs[2].read_text()[-3000:]
+    assert_no_run_actors(head)
+    return logs[1].read_text(), logs[2].read_text()
+
+
+def assert_committed_and_generated_once(run_dir, num_steps: int, datasets: tuple[str, ...], lost: list[int]) -> None:
+    """Every dataset of every step committed once; every batch generated once, begun once more when `lost`."""
+    log = events(run_dir)
+    commits = [(e["step"], e["stage"]) for e in log if e["event"] == "commit" and e["stage"] in datasets]
+    assert sorted(commits) == sorted((k, s) for k in range(1, num_steps + 1) for s in datasets)
+    assert sorted(e["step"] for e in log if e["event"] == "generated") == list(range(1, num_steps + 1))
+    begun = [e["step"] for e in log if e["event"] == "start" and e.get("ahead")]
+    assert sorted(begun) == sorted([*range(1, num_steps + 1), *lost])
 
 
 def kill_driver(proc) -> None:
@@ -204,28 +216,13 @@ def test_an_oversampled_run_killed_twice_resumes_to_the_uninterrupted_run(head, 
     with version 4, as scheduled, from step 5's committed surplus and ledger. The end state is the uninterrupted
     run's; every dataset was committed once and every batch generated once, but the lost one."""
     run_dir = tmp_path / "killed"
-    proc = head.train(*oversampled(tmp_path, "killed"), log=tmp_path / "driver-0.log",
-                      faults="sleep8:4:rollout:committed,hold:6:rollout:start", release=tmp_path / "never")
-    wait_for_event(run_dir, 4, "rollout", "fault", proc)
-    kill_driver(proc)
-    proc = head.train("--resume", str(run_dir), log=tmp_path / "driver-1.log")
-    wait_for_event(run_dir, 6, "rollout", "fault", proc)
-    wait_for_event(run_dir, 4, "checkpoint", "commit", proc)
-    kill_driver(proc)
-    kill_worker(head, "RolloutWorker")
-    proc = head.train("--resume", str(run_dir), log=tmp_path / "driver-2.log")
-    assert proc.wait(timeout=900) == 0, (tmp_path / "driver-2.log").read_text()[-3000:]
-    assert_no_run_actors(head)
-    first, second = ((tmp_path / f"driver-{n}.log").read_text() for n in (1, 2))
+    first, second = killed_twice(head, run_dir, oversampled(tmp_path, "killed"),
+                                 "sleep8:4:rollout:committed,hold:6:rollout:start", [(4, "rollout", "fault")],
+                                 [(6, "rollout", "fault"), (4, "checkpoint", "commit")])
     assert "is_attached=True" in first and "lost in flight and generated again: none" in first, first[-3000:]
     assert "restored_step=4, is_attached=False" in second, second[-3000:]
     assert "lost in flight and generated again: [6]" in second, second[-3000:]
     expected, resumed = fingerprint(oversampled_run), fingerprint(run_dir)
     assert (expected.pop("checkpoints"), resumed.pop("checkpoints")) == ([12, 16, 20], [12, 16, 20])
     assert resumed == expected
-    log = events(run_dir)
-    commits = [(e["step"], e["stage"]) for e in log if e["event"] == "commit" and e["stage"] in OVERSAMPLED_DATASETS]
-    assert sorted(commits) == sorted((k, s) for k in range(1, DEMO_STEPS + 1) for s in OVERSAMPLED_DATASETS)
-    assert sorted(e["step"] for e in log if e["event"] == "generated") == list(range(1, DEMO_STEPS + 1))
-    begun = [e["step"] for e in log if e["event"] == "start" and e.get("ahead")]
-    assert sorted(begun) == sorted([*range(1, DEMO_STEPS + 1), 6])
+    assert_committed_and_generated_once(run_dir, DEMO_STEPS, OVERSAMPLED_DATASETS, lost=[6])

@@ -184,11 +184,13 @@ class AlgoConfig(ConfigBlock):
 class RolloutConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"batch_size", "n_samples_per_prompt", "micro_batch_size", "max_new_tokens", "max_tokens_per_gpu",
-        "temperature", "top_p", "seed_per_prompt", "logprobs"})
+        "temperature", "top_p", "seed_per_prompt", "logprobs", "vllm_generate_batch_size"})
     batch_size: int = Field(1024, gt=0, description="prompts per step")
     n_samples_per_prompt: int = Field(1, gt=0, description="samples per prompt")
     micro_batch_size: int = Field(1, gt=0, description="experience forward micro-batch")
-    vllm_generate_batch_size: int | None = Field(None, gt=0, description="prompts per generate call")
+    vllm_generate_batch_size: int | None = Field(None, gt=0, description="prompts a batch serves fresh; above "
+                                                 "batch_size (async, dynamic filtering) the passing groups not "
+                                                 "trained are carried to the next step (oversampling)")
     max_new_tokens: int | None = Field(None, gt=0, description="max response tokens (None: max_len - prompt)")
     max_tokens_per_gpu: int | None = Field(None, gt=0, description="dynamic-batch token budget of the logprob/value "
                                            "forwards (None: train.max_tokens_per_gpu)")
@@ -328,6 +330,11 @@ class RunConfig(ConfigBlock):
     @property
     def has_reference(self) -> bool:  # KL to the initial policy: reference logprobs exist
         return self.algo.kl.init_coef > 0
+
+    @property
+    def is_oversampling(self) -> bool:  # async batches of rollout.vllm_generate_batch_size prompts, the surplus carried
+        size = self.rollout.vllm_generate_batch_size
+        return self.train.async_enable and size is not None and size > self.rollout.batch_size
 
     @property
     def uses_lora(self) -> bool:

@@ -22,18 +22,13 @@ def rule_problems(cfg: RunConfig) -> list[str]:
 
 
 def _async_problems(cfg: RunConfig) -> list[str]:
-    """Partial rollout and oversampling exist only in async mode; async mode's engines keep GPUs of their own, so
-    weights reach them by broadcast, never as the CUDA IPC buckets a child-process engine needs."""
-    t, problems = cfg.train, []
-    oversampling = cfg.rollout.vllm_generate_batch_size
+    """Partial rollout exists only in async mode; async mode's engines keep GPUs of their own, so weights reach them
+    by broadcast, never as the CUDA IPC buckets a child-process engine needs."""
+    t, problems = cfg.train, _oversampling_problems(cfg)
     if t.partial_rollout_enable and not t.async_enable:
         problems.append("train.partial_rollout_enable needs train.async_enable (in-flight generation pauses for a "
                         "weight push only while the engines generate ahead): add --train.async_enable or drop "
                         "--train.partial_rollout_enable")
-    if oversampling is not None and oversampling > cfg.rollout.batch_size and not t.async_enable:
-        problems.append(f"rollout.vllm_generate_batch_size {oversampling} > rollout.batch_size "
-                        f"{cfg.rollout.batch_size} oversamples, which needs train.async_enable: add "
-                        "--train.async_enable or drop --rollout.vllm_generate_batch_size")
     if t.partial_rollout_enable and t.agent_func_path:
         problems.append(f"train.partial_rollout_enable pauses single-turn generation between engine steps; an "
                         f"agent's episodes (train.agent_func_path {t.agent_func_path!r}) do not pause: drop "
@@ -47,6 +42,32 @@ def _async_problems(cfg: RunConfig) -> list[str]:
         problems.append("vllm.executor_backend 'mp' and vllm.engine_core_process take CUDA IPC buckets from an actor "
                         "on the same GPU; train.async_enable gives the engines GPUs of their own (weights arrive by "
                         "broadcast): drop --vllm.executor_backend/--vllm.engine_core_process or --train.async_enable")
+    return problems
+
+
+def _oversampling_problems(cfg: RunConfig) -> list[str]:
+    """Oversampling (G = rollout.vllm_generate_batch_size > B = rollout.batch_size) carries a batch's passing groups
+    that its step does not train to the next step, so it needs async mode (batches generated ahead) and something
+    that drops groups: without dynamic filtering every batch passes G groups where B are trained, and past the
+    first steps the G − B left over would only expire. G above 2·B is allowed: at a pass rate p, G ≈ B / p."""
+    size, batch_size = cfg.rollout.vllm_generate_batch_size, cfg.rollout.batch_size
+    if size is None or size == batch_size:
+        return []
+    if size < batch_size:
+        return [f"rollout.vllm_generate_batch_size {size} < rollout.batch_size {batch_size}: a step's prompts are "
+                "generated in one call; give more than rollout.batch_size to oversample (with --train.async_enable "
+                "and --algo.dynamic_filtering_enable), or drop --rollout.vllm_generate_batch_size"]
+    problems = []
+    if not cfg.train.async_enable:
+        problems.append(f"rollout.vllm_generate_batch_size {size} > rollout.batch_size {batch_size} oversamples, "
+                        "which needs train.async_enable: add --train.async_enable or drop "
+                        "--rollout.vllm_generate_batch_size")
+    if not cfg.algo.dynamic_filtering_enable:
+        problems.append(f"rollout.vllm_generate_batch_size {size} > rollout.batch_size {batch_size} oversamples to "
+                        "replace the groups dynamic filtering drops, without a refill round: got "
+                        f"algo.dynamic_filtering_enable=False, so {size - batch_size} groups a step would be generated "
+                        "only to expire; add --algo.dynamic_filtering_enable or drop "
+                        "--rollout.vllm_generate_batch_size")
     return problems
 
 

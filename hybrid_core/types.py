@@ -35,6 +35,7 @@ class RunRef:
     eval_steps: int
     eval_at_start: bool
     async_queue_size: int = 0  # train.async_queue_size with train.async_enable; 0: sync mode
+    is_oversampling: bool = False  # async, rollout.vllm_generate_batch_size > rollout.batch_size (config.py)
 
     @property
     def namespace(self) -> str:

@@ -137,13 +137,19 @@ class RolloutStore:
         self.verify(step, stage, entry)
         return entry
 
+    def write_entry(self, step: int, stage: str, table: pa.Table, policy_version: int, record: dict | None = None,
+                    drop_from_hash=()) -> dict:
+        """Write the stage's dataset atomically; returns the manifest entry it gets (not yet recorded): rows, policy
+        version, content hash (without the volatile `drop_from_hash` columns), each file's sha256 and `record`."""
+        files = self.write(step, stage, table)
+        return {"rows": table.num_rows, "policy_version": policy_version, "hash": table_hash(table, drop_from_hash),
+                "files": files} | dict(record or {})
+
     def write_ahead(self, step: int, stage: str, table: pa.Table, policy_version: int, record: dict) -> dict:
         """Async mode: write a dataset generated ahead of its step and, beside it, the manifest entry it will get
         (`AHEAD_ENTRY`), without touching the manifest, which only the step's own stages change (one writer at a
-        time, on object stores too). `record_ahead` enters it when its step consumes it. Returns the entry."""
-        files = self.write(step, stage, table)
-        entry = {"rows": table.num_rows, "policy_version": policy_version, "hash": table_hash(table),
-                 "files": files} | dict(record)
+        time, on object stores too). `record_together` enters it when its step consumes it. Returns the entry."""
+        entry = self.write_entry(step, stage, table, policy_version, record)
         self.fs.pipe_file(f"{self.stage_path(step, stage)}/{AHEAD_ENTRY}", compact_json(entry).encode())
         return entry
 
@@ -157,6 +163,15 @@ class RolloutStore:
             entry = json.loads(self.fs.cat_file(path))
         except (json.JSONDecodeError, UnicodeDecodeError):
             return None
+        self.verify(step, stage, entry)
+        return entry
+
+    def written_entry(self, step: int, stage: str) -> dict | None:
+        """A dataset's entry, its files checked: the manifest's, or the one written ahead beside it; None when
+        neither exists."""
+        entry = self.manifest()["steps"].get(str(step), {}).get(stage)
+        if entry is None or not self.is_committed(step, stage):
+            return self.ahead_entry(step, stage)
         self.verify(step, stage, entry)
         return entry
 
@@ -296,20 +311,25 @@ class RolloutStore:
 
     def record(self, step: int, name: str, value: dict) -> None:
         """Record a committed stage or record of `step` in the manifest, then log the commit event."""
-        self.update_manifest(step, {name: value})
-        self.log_event(step, name, "commit", **({"rows": value["rows"]} if "rows" in value else {}))
+        self.record_together(step, {name: value})
+
+    def record_together(self, step: int, entries: dict[str, dict]) -> None:
+        """Record several committed datasets or records of `step` by one manifest write (all or none of them are in
+        it after a crash), then log their commit events in order."""
+        self.update_manifest(step, entries)
+        for name, value in entries.items():
+            self.log_event(step, name, "commit", **({"rows": value["rows"]} if "rows" in value else {}))
 
     def commit(self, step: int, stage: str, table: pa.Table, policy_version: int, record: dict | None = None,
-               drop_from_hash=(), on_written=None) -> str:
-        """Write the stage atomically, then record it: rows, policy version, content hash (without the volatile
-        `drop_from_hash` columns), each file's sha256 and `record` (the stage's seconds and metrics).
-        `on_written()` runs between the two (fault tests stop there)."""
-        files = self.write(step, stage, table)
+               drop_from_hash=(), on_written=None, beside: dict[str, tuple[pa.Table, int, dict]] | None = None) -> str:
+        """Write the stage atomically, then record it (`write_entry`; `record`: the stage's seconds and metrics).
+        `beside` (name: table, policy version, record) are datasets written before it and recorded with it in the
+        same manifest write. `on_written()` runs between the writes and the record (fault tests stop there)."""
+        entries = {name: self.write_entry(step, name, *written) for name, written in (beside or {}).items()}
+        entries[stage] = self.write_entry(step, stage, table, policy_version, record, drop_from_hash)
         if on_written is not None:
             on_written()
-        entry = {"rows": table.num_rows, "policy_version": policy_version, "hash": table_hash(table, drop_from_hash),
-                 "files": files} | dict(record or {})
-        self.record(step, stage, entry)
+        self.record_together(step, entries)
         return self.stage_uri(step, stage)
 
 

@@ -29,6 +29,11 @@ AGENT_ROLLOUT_SCHEMA = ROLLOUT_SCHEMA.append(pa.field("action_mask", pa.list_(pa
     .append(pa.field("episode_reward", pa.float32())).append(pa.field("episode_score", pa.float32()))
 # A partial rollout's rows add the policy version of every response token (`policy_version` is the oldest of them)
 PARTIAL_ROLLOUT_SCHEMA = ROLLOUT_SCHEMA.append(pa.field("token_policy_version", ints))
+# Oversampling: rollout and surplus rows add the pass over the data their prompt was served in (`epoch`) and the step
+# whose batch generated them (`batch_step`); the prompt ledger has a row for every prompt a step's batch touched
+BATCH_COLUMNS = (pa.field("epoch", pa.int64()), pa.field("batch_step", pa.int64()))
+PROMPT_LEDGER_SCHEMA = pa.schema([("epoch", pa.int64()), ("prompt_index", pa.int64()), ("batch_step", pa.int64()),
+                                  ("fate", pa.string())])
 REWARD_SCHEMA = pa.schema([
     ("prompt_index", pa.int64()), ("sample_index", pa.int32()), ("reward", pa.float32()), ("score", pa.float32()),
     ("extra_logs", pa.string()),
@@ -49,6 +54,17 @@ def partial_rollout_table(rows: list[dict]) -> pa.Table:
 
 def agent_rollout_table(rows: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=AGENT_ROLLOUT_SCHEMA)
+
+
+def with_batch_columns(table: pa.Table, epochs: list[int], batch_step: int) -> pa.Table:
+    """Oversampling: a batch's rows with each row's `epoch` and the batch's step."""
+    epoch, batch = BATCH_COLUMNS
+    table = table.append_column(epoch, pa.array(epochs, pa.int64()))
+    return table.append_column(batch, pa.array([batch_step] * table.num_rows, pa.int64()))
+
+
+def prompt_ledger_table(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=PROMPT_LEDGER_SCHEMA)
 
 
 def action_masks(rollout: pa.Table) -> list[list[int]] | None:

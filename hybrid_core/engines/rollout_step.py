@@ -94,26 +94,54 @@ class GroupFilter:
     high: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class FilteredRows:
+    """What dynamic filtering kept: the passing groups' rows in the order they were generated, and every prompt
+    generated (each round's, in order) with whether its group passed."""
+
+    rows: pa.Table
+    prompts: list[Prompt]
+    passed: list[bool]
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(self.passed) / max(len(self.passed), 1)
+
+
+def taking_from(prompts: list[Prompt]) -> Callable[[int], list[Prompt]]:
+    """`draw(count)` over a fixed list: its next `count` prompts each call, none once it is used up."""
+    left = list(prompts)
+
+    def draw(count: int) -> list[Prompt]:
+        taken, left[:] = left[:count], left[count:]
+        return taken
+
+    return draw
+
+
 def filtered_rollout(generate: Callable[[list[Prompt]], pa.Table], score: Callable[[pa.Table], pa.Table],
-                     prompts: list[Prompt], refill: list[Prompt], n: int, keep: GroupFilter) -> tuple[pa.Table, float]:
-    """Generate, score and keep passing groups, topping up from `refill` until `len(prompts)` groups pass or the
-    refill prompts run out; accepted groups are never dropped. Returns (accepted rollout rows, pass rate)."""
+                     prompts: list[Prompt], draw: Callable[[int], list[Prompt]], wanted: int, n: int,
+                     keep: GroupFilter) -> FilteredRows:
+    """Generate, score and keep the passing groups; while fewer than `wanted` passed, generate `draw(shortfall)`
+    prompts more, until it gives none. Every passing group is kept: more than `wanted` only when the first prompts
+    pass more (oversampling's surplus; a step's own `wanted` prompts cannot)."""
     import torch
 
     from hybrid_core.algorithms.filtering import keep_groups
 
-    wanted, pending, refill = len(prompts), prompts, list(refill)
+    assert prompts, "filtered_rollout needs prompts to generate"
     accepted: list[pa.Table] = []
-    num_tried = num_passed = num_kept = 0
+    tried: list[Prompt] = []
+    passed: list[bool] = []
+    pending = prompts
     while pending:
         table = generate(pending)
         scores = torch.tensor(score(table).column("score").to_pylist(), dtype=torch.float32)
-        passed = keep_groups(scores, n, keep.low, keep.high).tolist()
-        num_tried, num_passed = num_tried + len(passed), num_passed + sum(passed)
-        for g, ok in enumerate(passed):
-            if ok and num_kept < wanted:
-                accepted.append(table.slice(g * n, n))
-                num_kept += 1
-        pending, refill = refill[:wanted - num_kept], refill[wanted - num_kept:]
+        round_passed = keep_groups(scores, n, keep.low, keep.high).tolist()
+        accepted += [table.slice(g * n, n) for g, is_passed in enumerate(round_passed) if is_passed]
+        tried += pending
+        passed += round_passed
+        shortfall = wanted - sum(passed)
+        pending = draw(shortfall) if shortfall > 0 else []
     rows = pa.concat_tables(accepted) if accepted else table.slice(0, 0)
-    return rows, num_passed / max(num_tried, 1)
+    return FilteredRows(rows=rows, prompts=tried, passed=passed)

@@ -117,9 +117,15 @@ def _sleep_line(plan: RunPlan) -> str:
 def _async_lines(cfg: RunConfig) -> list[str]:
     if not cfg.train.async_enable:
         return []
-    q = cfg.train.async_queue_size
-    return [f"async: {q} batch(es) generated ahead; batch k by policy version max(0, k - {q + 1}), staleness "
-            f"at most {q}; the engines generate while the DeepSpeed models train"]
+    q, r = cfg.train.async_queue_size, cfg.rollout
+    if not cfg.is_oversampling:
+        return [f"async: {q} batch(es) generated ahead; batch k by policy version max(0, k - {q + 1}), staleness "
+                f"at most {q}; the engines generate while the DeepSpeed models train"]
+    overlap = ("the engines generate while the DeepSpeed models train" if q > 1 else
+               "with train.async_queue_size 1 no generation overlaps training (batch k starts after step k - 1's sync)")
+    return [f"async: oversampling {r.vllm_generate_batch_size} prompts a batch for {r.batch_size} groups a step; batch "
+            f"k by policy version max(0, k - {q}), one step less ahead, so its groups are at most {q - 1} stale at "
+            f"step k and its surplus at most {q} at step k + 1; {overlap}"]
 
 
 def render_plan(cfg: RunConfig, gpu_total_gib: float | None = None, is_gpu_assumed: bool = False) -> str:

@@ -1,4 +1,5 @@
-"""RolloutWorker: the Ray actor owning one vLLM engine, the prompt sampler and the run's reward source.
+"""RolloutWorker: the Ray actor owning one vLLM engine, the prompt sampler (with oversampling, the prompt ledger's
+batches: `rollout_surplus`) and the run's reward source.
 
 Methods only delegate to `engines` and move datasets in and out of the run's store through the step ledger; the
 reward source is scored here, beside generation, as in OpenRLHF. It knows nothing about Prefect.
@@ -16,7 +17,8 @@ from hybrid_core.data.rollout_store import RolloutStore
 from hybrid_core.data.stage_tables import response_token_count
 from hybrid_core.engines.agent_rollout import AgentSettings, EpisodeRun, generate_episode_rows, summed_figures
 from hybrid_core.engines.frozen_model import load_tokenizer
-from hybrid_core.engines.rollout_step import GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows
+from hybrid_core.engines.rollout_step import (GroupFilter, PromptFormat, filtered_rollout, generate_rows, reward_rows,
+                                             taking_from)
 from hybrid_core.engines.sync_group import WeightSyncGroup
 from hybrid_core.engines.vllm_rollout import EngineSettings, SamplingSettings, VllmRolloutEngine
 from hybrid_core.engines.weight_sync import Bucket, SharedBucket, unflatten
@@ -29,6 +31,7 @@ from hybrid_core.workers import rank_group
 from hybrid_core.workers.evaluation import EvalSettings, Evaluator
 from hybrid_core.workers.faults import FaultPoints
 from hybrid_core.workers.rollout_ahead import AheadGeneration, EngineTurns, async_figures
+from hybrid_core.workers.rollout_surplus import Oversampling, StepBatch, SurplusBatches, oldest_version
 from hybrid_core.workers.stage_clock import freeze_startup_heap, stamped
 from hybrid_core.workers.step_ledger import StepLedger
 
@@ -45,6 +48,7 @@ class PromptSource:
     num_episodes: int
     max_steps: int | None
     seed: int
+    is_oversampling: bool = False  # a step's batch_size groups come from the prompt ledger's stream (`step_count`)
 
     def rows(self) -> list[PromptRow]:
         return load_prompt_rows(self.dataset, self.input_key, self.label_key, split=self.split,
@@ -52,7 +56,7 @@ class PromptSource:
 
     def num_steps(self) -> int:
         """The run's step count as the worker's sampler counts it (the driver asks while the workers start)."""
-        return step_count(len(self.rows()), self.batch_size, self.num_episodes, self.max_steps)
+        return step_count(len(self.rows()), self.batch_size, self.num_episodes, self.max_steps, self.is_oversampling)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +74,7 @@ class RolloutWorkerArgs:
     eval: EvalSettings | None  # None: the run has no eval.dataset
     agent: AgentSettings | None = None  # train.agent_func_path: every sample an episode of the agent's environment
     partial_rollout: bool = False  # train.partial_rollout_enable: a batch generating ahead pauses for weight pushes
+    generate_batch_size: int | None = None  # oversampling (async): rollout.vllm_generate_batch_size prompts a batch
     faults: tuple = ()
 
 
@@ -82,7 +87,9 @@ class RolloutWorker:
         self.ledger = StepLedger(self.store, FaultPoints(args.faults, self.store.log_event))
         self.tokenizer = load_tokenizer(args.engine.model_path)
         p = args.prompts
-        self.sampler = PromptSampler(p.rows(), p.batch_size, p.num_episodes, args.seed, p.max_steps)
+        self.sampler = PromptSampler(p.rows(), p.batch_size, p.num_episodes, args.seed, p.max_steps,
+                                     p.is_oversampling)
+        self.surplus = self.oversampled_batches() if args.generate_batch_size else None
         self.reward_source = open_reward_source(args.reward)
         self.agent = load_agent_executor(args.agent.path) if args.agent is not None else None
         self.engine = VllmRolloutEngine(args.engine)
@@ -94,6 +101,13 @@ class RolloutWorker:
         if args.engine.enable_sleep:  # the weights from disk are version 0: keep them even at sleep level 2
             self.engine.sleep(level=1)
         freeze_startup_heap()
+
+    def oversampled_batches(self) -> SurplusBatches:
+        args = self.args
+        settings = Oversampling(batch_size=args.prompts.batch_size, generate_batch_size=args.generate_batch_size,
+                                n=args.sampling.n, queue_size=self.run.async_queue_size,
+                                group_filter=args.group_filter)
+        return SurplusBatches(self.store, self.sampler, settings)
 
     def info(self) -> dict:
         return {"num_steps": self.sampler.num_steps, "policy_version": self.policy_version}
@@ -111,11 +125,14 @@ class RolloutWorker:
         with self.turns.lock:
             self.check_policy_version(step)
             self.ledger.begin(step, ROLLOUT.name)
-            table, metrics = self.generate_awake(step)
+            batch, metrics = self.generate_awake(step)
+        table, version = batch.rollout, oldest_version(batch.rollout, self.policy_version)
         metrics["tokens"] = float(response_token_count(table))
         if self.run.async_queue_size:
-            metrics |= async_figures(step, self.policy_version, waited_s)
-        entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics, version=self.policy_version)
+            metrics |= async_figures(step, version, waited_s)
+        beside = {name: (t, oldest_version(t, self.policy_version), batch.records.get(name, {}))
+                  for name, t in batch.beside().items()}
+        entry = self.ledger.commit(step, ROLLOUT.name, table, self.clock, metrics, version=version, beside=beside)
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=table.num_rows,
                            path=self.store.stage_uri(step, ROLLOUT.name), metrics=entry["metrics"])
 
@@ -128,8 +145,8 @@ class RolloutWorker:
         """Async mode, on re-attaching to live workers: wait for a batch still generating (see `rollout_ahead`)."""
         return self.ahead.settle()
 
-    def generate_awake(self, step: int, pausing: bool = False) -> tuple[pa.Table, dict]:
-        """Wake the engines, generate step `step`'s rows, sleep them (with vllm.enable_sleep); the engine's turn is
+    def generate_awake(self, step: int, pausing: bool = False) -> tuple[StepBatch, dict]:
+        """Wake the engines, generate step `step`'s batch, sleep them (with vllm.enable_sleep); the engine's turn is
         the caller's. `pausing` (partial rollout): this engine's share pauses for weight pushes between its engine
         steps (the other engines' shares finish with the version they began with)."""
         start = time.perf_counter()
@@ -137,7 +154,7 @@ class RolloutWorker:
         awake = time.perf_counter()
         self.is_pausing = pausing
         try:
-            table, metrics = self._generate(step)
+            batch, metrics = self._generate(step)
         finally:
             self.is_pausing = False
         sleep_start = time.perf_counter()
@@ -145,25 +162,30 @@ class RolloutWorker:
             self.engine.sleep()
         metrics |= {"timing_s/vllm_wake": awake - start, "timing_s/generate": sleep_start - awake,
                     "timing_s/vllm_sleep": time.perf_counter() - sleep_start}
-        return table, metrics
+        return batch, metrics
 
-    def _generate(self, step: int) -> tuple[pa.Table, dict]:
-        prompts = self.sampler.for_step(step)
+    def _generate(self, step: int) -> tuple[StepBatch, dict]:
         shares: list[pa.Table] = []
         generate = lambda batch: self._generate_shared_out(batch, step, shares)  # noqa: E731
-        figures = {}
-        if self.args.group_filter is None:
-            table = generate(prompts)
+        score = lambda table: reward_rows(table, self.reward_source_for(table))  # noqa: E731
+        if self.surplus is not None:
+            batch, figures = self.surplus.compose(step, generate, score)
         else:
-            refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
-            score = lambda table: reward_rows(table, self.reward_source_for(table))  # noqa: E731
-            table, pass_rate = filtered_rollout(generate, score, prompts, refill, self.args.sampling.n,
-                                                self.args.group_filter)
-            figures["filter/pass_rate"] = pass_rate
-        if self.agent is not None:  # the counters travel in the shares' metadata; the committed table has none
+            table, figures = self._step_rows(step, generate, score)
+            batch = StepBatch(tables={ROLLOUT.name: table.replace_schema_metadata(None)})
+        if self.agent is not None:  # the counters travel in the shares' metadata; the committed tables have none
             figures |= summed_figures(shares)
-            table = table.replace_schema_metadata(None)
-        return table, figures
+        return batch, figures
+
+    def _step_rows(self, step: int, generate, score) -> tuple[pa.Table, dict]:
+        """Step k's own prompts (`PromptSampler.for_step`), dynamic filtering refilling from the other rows."""
+        prompts = self.sampler.for_step(step)
+        if self.args.group_filter is None:
+            return generate(prompts), {}
+        refill = self.sampler.refill_for_step(step, {p.index for p in prompts})
+        filtered = filtered_rollout(generate, score, prompts, taking_from(refill), len(prompts), self.args.sampling.n,
+                                    self.args.group_filter)
+        return filtered.rows, {"filter/pass_rate": filtered.pass_rate}
 
     def _generate_shared_out(self, prompts: list, step: int, shares: list[pa.Table]) -> pa.Table:
         """Generate on every engine: engine r takes the r-th contiguous share of the prompts; rows keep prompt order

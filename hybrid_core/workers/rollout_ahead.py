@@ -7,8 +7,9 @@ holds `EngineTurns.lock`: a batch's generation, an evaluation, the consuming ste
 and a weight update from its first bucket to its last (`begin_weight_update` … `end_weight_update`). Reward
 scoring and previews read committed datasets only, so they run while the engine generates.
 
-A batch generated ahead is written with its manifest entry beside it (`RolloutStore.write_ahead`); the manifest
-takes the entry when the step consumes the batch (`take`), so the manifest keeps one writer at a time. The driver's
+A batch generated ahead is written with its manifest entry beside it (`RolloutStore.write_ahead`; with
+oversampling its surplus and prompt ledger first, the rollout last); the manifest takes the entries, in one write,
+when the step consumes the batch (`take`), so the manifest keeps one writer at a time. The driver's
 schedule (`flows.batch_queue`) makes every batch's version exact; this module checks it is in the range the step
 contract allows. It knows nothing about Prefect.
 """
@@ -20,8 +21,9 @@ import time
 import pyarrow as pa
 
 from hybrid_core.data.stage_tables import response_token_count
-from hybrid_core.step_contract import ROLLOUT, consumable_versions, staleness
+from hybrid_core.step_contract import OVERSAMPLING_DATASETS, ROLLOUT, consumable_versions, staleness
 from hybrid_core.types import StageResult
+from hybrid_core.workers.rollout_surplus import oldest_version
 
 GENERATION_GROUP = "generation"  # the Ray concurrency group of `generate_ahead`
 CONCURRENCY_GROUPS = {GENERATION_GROUP: 1}
@@ -92,6 +94,7 @@ class AheadGeneration:
         self.worker = worker
         self.queue_size = worker.run.async_queue_size
         self.is_partial = worker.args.partial_rollout
+        self.beside = OVERSAMPLING_DATASETS if worker.run.is_oversampling else ()
 
     def versions(self, step: int) -> range:
         return consumable_versions(step, self.queue_size)
@@ -109,13 +112,16 @@ class AheadGeneration:
             store.log_event(step, ROLLOUT.name, "start", ahead=True, policy_version=w.policy_version)
             w.ledger.faults.reach(step, ROLLOUT.name, "start")
             started, first_version = time.perf_counter(), w.policy_version
-            table, metrics = w.generate_awake(step, pausing=self.is_partial)
+            batch, metrics = w.generate_awake(step, pausing=self.is_partial)
+            table = batch.rollout
             metrics["tokens"] = float(response_token_count(table))
             if self.is_partial:
                 metrics |= token_figures(table)
             record = {"seconds": time.perf_counter() - started, "metrics": metrics}
-            oldest = min(table.column("policy_version").to_pylist(), default=first_version)
-            entry = store.write_ahead(step, ROLLOUT.name, table, oldest, record)
+            for name, beside in batch.beside().items():  # the rollout's entry, written last, marks the batch whole
+                version = oldest_version(beside, first_version)
+                store.write_ahead(step, name, beside, version, batch.records.get(name, {}))
+            entry = store.write_ahead(step, ROLLOUT.name, table, oldest_version(table, first_version), record)
         w.ledger.faults.reach(step, ROLLOUT.name, "written")
         store.log_event(step, ROLLOUT.name, "generated", rows=table.num_rows, policy_version=entry["policy_version"])
         return {"step": step, "generated": True, "rows": table.num_rows, "seconds": record["seconds"],
@@ -130,7 +136,11 @@ class AheadGeneration:
                                f"the versions it may consume {list(self.versions(step))} (train.async_queue_size "
                                f"{self.queue_size}): delete {w.store.stage_uri(step, ROLLOUT.name)} to regenerate it")
         entry = entry | {"metrics": entry["metrics"] | async_figures(step, version, waited_s, entry["metrics"])}
-        w.store.record(step, ROLLOUT.name, entry)
+        beside = {name: w.store.ahead_entry(step, name) for name in self.beside}
+        if missing := [name for name, found in beside.items() if found is None]:
+            raise RuntimeError(f"the batch generated ahead for step {step} has no {missing} written beside its "
+                               f"rollout: delete {w.store.stage_uri(step, ROLLOUT.name)} to regenerate it")
+        w.store.record_together(step, beside | {ROLLOUT.name: entry})
         w.ledger.faults.reach(step, ROLLOUT.name, "committed")
         return StageResult(stage=ROLLOUT.name, step=step, seconds=entry["seconds"], rows=entry["rows"],
                            path=w.store.stage_uri(step, ROLLOUT.name), metrics=entry["metrics"])

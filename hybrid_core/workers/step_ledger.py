@@ -61,13 +61,14 @@ class StepLedger:
         return {"seconds": self.seconds(step, stage), "metrics": dict(metrics) | figures}
 
     def commit(self, step: int, stage: str, table: pa.Table, clock: CallClock | None, metrics: dict,
-               drop_from_hash=(), version: int | None = None) -> dict:
+               drop_from_hash=(), version: int | None = None, beside: dict | None = None) -> dict:
         """Commit a dataset stage begun with `begin` (made by policy `version`: by default the one step `step`
-        generates with); returns its manifest entry."""
+        generates with), and the datasets `beside` it in the same manifest write (`RolloutStore.commit`); returns
+        its manifest entry."""
         record = self._record(step, stage, clock, metrics)
         version = generating_version(step) if version is None else version
         self.store.commit(step, stage, table, version, record, drop_from_hash,
-                          on_written=lambda: self.faults.reach(step, stage, "written"))
+                          on_written=lambda: self.faults.reach(step, stage, "written"), beside=beside)
         self.faults.reach(step, stage, "committed")
         return self.entry(step, stage)
 

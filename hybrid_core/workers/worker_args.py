@@ -34,7 +34,7 @@ def run_ref(cfg: RunConfig, run_id: str) -> RunRef:
     return RunRef(run_id=run_id, store_root=cfg.store.root, stage_timeout_s=t.stage_timeout_s, roles=cfg.roles,
                   stage_retries=t.stage_retries, retry_delay_s=t.retry_delay_s, save_steps=cfg.ckpt.save_steps,
                   eval_steps=cfg.eval.steps, eval_at_start=cfg.eval.at_start,
-                  async_queue_size=t.async_queue_size if t.async_enable else 0)
+                  async_queue_size=t.async_queue_size if t.async_enable else 0, is_oversampling=cfg.is_oversampling)
 
 
 def max_new_tokens(cfg: RunConfig) -> int:
@@ -132,7 +132,7 @@ def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None
     prompts = PromptSource(dataset=d.prompt_dataset, probs=d.prompt_probs, split=d.prompt_split,
                            input_key=d.input_key, label_key=d.label_key, max_samples=d.max_samples,
                            batch_size=r.batch_size, num_episodes=cfg.train.num_episodes,
-                           max_steps=cfg.train.max_steps, seed=cfg.train.seed)
+                           max_steps=cfg.train.max_steps, seed=cfg.train.seed, is_oversampling=cfg.is_oversampling)
     low, high = cfg.algo.dynamic_filtering_range
     return RolloutWorkerArgs(
         engine=engine_settings(cfg), prompts=prompts,
@@ -147,7 +147,8 @@ def rollout_args(cfg: RunConfig, faults: tuple = (), plan: RunPlan | None = None
         group_filter=GroupFilter(low=low, high=high) if cfg.algo.dynamic_filtering_enable else None,
         num_engines=plan.engines.num_engines, reward_model_ranks=plan.role_ranks.get("reward", 0),
         is_reward_normalized=rw.normalize_enable, eval=eval_settings(cfg), agent=agent_settings(cfg), faults=faults,
-        partial_rollout=cfg.train.async_enable and cfg.train.partial_rollout_enable)
+        partial_rollout=cfg.train.async_enable and cfg.train.partial_rollout_enable,
+        generate_batch_size=r.vllm_generate_batch_size if cfg.is_oversampling else None)
 
 
 def agent_settings(cfg: RunConfig) -> AgentSettings | None:

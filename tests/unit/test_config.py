@@ -71,6 +71,35 @@ def test_field_bounds(data, field):
     assert info.value.errors()[0]["loc"][-1] == field
 
 
+OVERSAMPLED = {"train": {"async_enable": True, "async_queue_size": 2}, "algo": {"dynamic_filtering_enable": True},
+               "reward": {"remote_url": "r.py"}}
+
+
+def test_oversampling_needs_dynamic_filtering_and_more_prompts_than_a_step_trains():
+    def with_rollout(**rollout):
+        return OVERSAMPLED | {"rollout": {"batch_size": 8, "n_samples_per_prompt": 2} | rollout}
+
+    cfg = RunConfig.model_validate(with_rollout(vllm_generate_batch_size=12))
+    assert cfg.is_oversampling and rollout_args(cfg).generate_batch_size == 12
+    assert rollout_args(cfg).prompts.is_oversampling
+    # above 2 x batch_size too: at a pass rate of 1/4, 32 prompts give the 8 groups a step trains
+    assert RunConfig.model_validate(with_rollout(vllm_generate_batch_size=32)).is_oversampling
+    partial = with_rollout(vllm_generate_batch_size=12)
+    partial["train"] = partial["train"] | {"partial_rollout_enable": True}
+    assert RunConfig.model_validate(partial).is_oversampling  # the two compose: the surplus is counted by its oldest
+    same = RunConfig.model_validate(with_rollout(vllm_generate_batch_size=8))
+    assert not same.is_oversampling and rollout_args(same).generate_batch_size is None
+    assert problems_of(with_rollout(vllm_generate_batch_size=6)) == [
+        "rollout.vllm_generate_batch_size 6 < rollout.batch_size 8: a step's prompts are generated in one call; give "
+        "more than rollout.batch_size to oversample (with --train.async_enable and --algo.dynamic_filtering_enable), "
+        "or drop --rollout.vllm_generate_batch_size"]
+    unfiltered = with_rollout(vllm_generate_batch_size=12) | {"algo": {}}
+    assert problems_of(unfiltered) == [
+        "rollout.vllm_generate_batch_size 12 > rollout.batch_size 8 oversamples to replace the groups dynamic "
+        "filtering drops, without a refill round: got algo.dynamic_filtering_enable=False, so 4 groups a step would "
+        "be generated only to expire; add --algo.dynamic_filtering_enable or drop --rollout.vllm_generate_batch_size"]
+
+
 def test_sleep_with_async_names_both_flags_and_the_fix():
     problems = problems_of({"vllm": {"enable_sleep": True}, "train": {"async_enable": True, "colocate_all": True}})
     assert problems == ["vllm.enable_sleep cannot be combined with train.async_enable: async mode keeps vLLM "
@@ -81,7 +110,9 @@ def test_partial_rollout_and_oversampling_need_async_and_async_engines_take_no_i
     assert problems_of({"train": {"partial_rollout_enable": True}}) == [
         "train.partial_rollout_enable needs train.async_enable (in-flight generation pauses for a weight push only "
         "while the engines generate ahead): add --train.async_enable or drop --train.partial_rollout_enable"]
-    assert problems_of({"rollout": {"batch_size": 8, "vllm_generate_batch_size": 12}}) == [
+    filtered = {"dynamic_filtering_enable": True}
+    assert problems_of({"rollout": {"batch_size": 8, "vllm_generate_batch_size": 12, "n_samples_per_prompt": 2},
+                        "algo": filtered, "reward": {"remote_url": "r.py"}}) == [
         "rollout.vllm_generate_batch_size 12 > rollout.batch_size 8 oversamples, which needs train.async_enable: add "
         "--train.async_enable or drop --rollout.vllm_generate_batch_size"]
     RunConfig.model_validate({"rollout": {"batch_size": 8, "vllm_generate_batch_size": 8}})

@@ -38,7 +38,7 @@ def config_with_inputs(**blocks) -> RunConfig:
 
 def test_implemented_flags_are_real_fields():
     assert IMPLEMENTED_FLAGS <= set(leaf_paths())
-    assert "rollout.vllm_generate_batch_size" not in IMPLEMENTED_FLAGS
+    assert "rollout.vllm_generate_batch_size" in IMPLEMENTED_FLAGS
     assert set(IMPLEMENTED_VALUES) <= IMPLEMENTED_FLAGS
 
 
@@ -157,6 +157,20 @@ def test_colocate_all_with_async_keeps_vllm_apart():
     assert ("async: 1 batch(es) generated ahead; batch k by policy version max(0, k - 2), staleness at most 1; the "
             "engines generate while the DeepSpeed models train") in report.splitlines()
     assert "async:" not in render_plan(config(train={"colocate_all": True}))
+
+
+@pytest.mark.parametrize(("queue_size", "overlap"), [
+    (2, "the engines generate while the DeepSpeed models train"),
+    (1, "with train.async_queue_size 1 no generation overlaps training (batch k starts after step k - 1's sync)")])
+def test_the_async_line_says_the_oversampling_schedule(queue_size, overlap):
+    cfg = config(train={"async_enable": True, "async_queue_size": queue_size},
+                 rollout={"batch_size": 4, "vllm_generate_batch_size": 6, "n_samples_per_prompt": 2},
+                 algo={"dynamic_filtering_enable": True},
+                 reward={"remote_url": "r.py"})
+    [line] = [line for line in render_plan(cfg).splitlines() if line.startswith("async:")]
+    assert line == (f"async: oversampling 6 prompts a batch for 4 groups a step; batch k by policy version max(0, k - "
+                    f"{queue_size}), one step less ahead, so its groups are at most {queue_size - 1} stale at step k "
+                    f"and its surplus at most {queue_size} at step k + 1; {overlap}")
 
 
 @pytest.mark.parametrize(("num_roles", "share"), [(1, 1.0), (2, 0.2), (5, 0.2), (6, 1 / 6)])

@@ -57,6 +57,22 @@ def test_the_async_version_range_and_schedule():
     assert all(rollout_version(batch_submitted_after_sync(k, q), q) == k for k in range(1, 9) for q in (1, 2, 3))
 
 
+def test_the_oversampling_schedule_generates_one_step_less_ahead():
+    # Q 2: batches 1-2 from the initial weights, then k - 2, so batch k's groups are at most Q - 1 = 1 stale at k
+    assert [rollout_version(k, 2, is_oversampling=True) for k in range(1, 8)] == [0, 0, 1, 2, 3, 4, 5]
+    assert [staleness(k, rollout_version(k, 2, True)) for k in range(1, 8)] == [0, 1, 1, 1, 1, 1, 1]
+    # its surplus, trained at step k + 1, is at most Q = 2 stale there: inside the range every step may consume
+    assert [staleness(k + 1, rollout_version(k, 2, True)) for k in range(1, 8)] == [1, 2, 2, 2, 2, 2, 2]
+    assert all({rollout_version(k, q, True)} <= set(consumable_versions(k, q)) & set(consumable_versions(k + 1, q))
+               for k in range(1, 12) for q in (1, 2, 3))
+    # Q 1: batch k by version k - 1, the one step k trains with: nothing is generated ahead of its step's sync
+    assert [rollout_version(k, 1, True) for k in range(1, 6)] == [0, 1, 2, 3, 4]
+    # batch k + Q starts once step k synced (version k); step k's sync waits for batch k - 1 + Q, version k - 1's last
+    assert [batch_submitted_after_sync(k, 2, True) for k in (0, 1, 5)] == [2, 3, 7]
+    assert all(rollout_version(batch_submitted_after_sync(k, q, True), q, True) == k
+               for k in range(1, 9) for q in (1, 2, 3))
+
+
 def test_one_seed_formula_computed_independently():
     # sha256("0/1/2")[:4] = f1 90 06 05 → little-endian 0x050690f1 = 84316401 (top bit already clear): the rollout
     # seeds of (run seed, step, prompt index) are those of earlier runs

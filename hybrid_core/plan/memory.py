@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hybrid_core.config import OptimizerFields, RunConfig
 from hybrid_core.plan.adapter_memory import adapter_notes, trained_params
+from hybrid_core.plan.deferred_sleep import states_outlast_sync, sync_excess, wakes_early
 from hybrid_core.plan.model_shapes import ModelShape, model_shape
 from hybrid_core.switches import switch_value
 
@@ -245,6 +246,7 @@ class _GpuRoles:
     vllm_gib: float
     resident: tuple[Term, ...]  # held in every phase: contexts, library buffers, weight-sync buffers
     sync_excess_gib: float = 0.0  # the sync's vLLM weights beyond the train step's freed blocks (`sync_excess`)
+    states_awake_in: tuple[str, ...] = ()  # phases outside train where the actor's optimizer states stay on the GPU
 
 
 def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
@@ -253,6 +255,9 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
     if roles.vllm_gib and (name == "rollout" or not cfg.vllm.enable_sleep):
         terms.append(Term("vLLM reservation", roles.vllm_gib))
     terms += _trainer_terms("actor", roles.actor, name, "train", cfg.ds.enable_sleep)
+    if name in roles.states_awake_in and roles.actor.optimizer > 0:
+        woken = "woken early, beside the forwards" if name == "experience" else "their sleep copy left running"
+        terms.append(Term(f"actor optimizer states ({woken})", roles.actor.optimizer))
     if name == "train" and roles.sync_excess_gib > 0:
         terms.append(Term("vLLM weights in the sync, beside DeepSpeed's sleep copy", roles.sync_excess_gib))
     if roles.ref:  # the reference empties PyTorch's cache after its forwards: the forward counts where it runs
@@ -263,21 +268,6 @@ def _phase(name: str, roles: _GpuRoles, cfg: RunConfig) -> Phase:
         is_held = name == "reward" or not cfg.reward.offload
         terms += (roles.reward if name == "reward" else roles.reward[:1]) if is_held else ()
     return Phase(name, (*terms, *roles.resident))
-
-
-def defers_ds_sleep(cfg: RunConfig) -> bool:
-    """Whether the actor's DeepSpeed sleep copies its optimizer states to the host while the weight sync runs (our
-    pinned-buffer mover under ZeRO-1/2; ZeRO-3, stage 0 and `ds.adam_offload` sleep at once)."""
-    return cfg.ds.enable_sleep and cfg.ds.zero_stage in (1, 2) and not cfg.ds.adam_offload
-
-
-def sync_excess(cfg: RunConfig, actor: TrainerBytes, vllm_weights_gib: float) -> float:
-    """GiB the sync phase holds beyond the train phase, counted in the train phase: while DeepSpeed's sleep still
-    copies (`defers_ds_sleep`), the actor's weights, gradients and optimizer states stay beside the vLLM weights that
-    wake for the sync; the step's activations, logits and temporaries are free by then."""
-    if not (defers_ds_sleep(cfg) and cfg.vllm.enable_sleep and vllm_weights_gib):
-        return 0.0
-    return max(0.0, vllm_weights_gib - (actor.activations + actor.logits + actor.step))
 
 
 def reward_model_terms(cfg: RunConfig) -> tuple[Term, ...]:
@@ -331,12 +321,20 @@ def estimate_memory(cfg: RunConfig, gpu_total_gib: float, roles: tuple[str, ...]
         resident += (Term("actor weight-sync buffers", SYNC_BUFFERS * bucket_bytes / GIB),)
     vllm_weights_gib = num_vllm * shape.num_params * PARAM_BYTES[cfg.ds.param_dtype] / cfg.vllm.tensor_parallel_size \
         / GIB
+    held_at_sync = actor.weights + actor.optimizer + sum(t.gib for t in (*ref[:1], *resident)) + vllm_weights_gib
+    states_awake_in = (("rollout",) if states_outlast_sync(cfg, held_at_sync, gpu_total_gib) else ()) \
+        + (("experience",) if wakes_early(cfg) else ())
     gpu_roles = _GpuRoles(actor, critic, ref, reward, num_vllm * cfg.vllm.gpu_memory_utilization * gpu_total_gib,
-                          resident, sync_excess(cfg, actor, vllm_weights_gib))
+                          resident, sync_excess(cfg, actor, vllm_weights_gib), states_awake_in)
     names = ("rollout",) + (("reward",) if reward else ()) + ("experience", "train") \
         + (("critic train",) if critic is not None else ())
     phases = tuple(_phase(name, gpu_roles, cfg) for name in names)
-    return MemoryPlan(phases, gpu_total_gib, _notes(cfg, shape, actor, num_vllm, roles))
+    notes = _notes(cfg, shape, actor, num_vllm, roles)
+    if "rollout" in states_awake_in:
+        notes += ("more than vLLM's share of the GPU is free when the sync ends, so DeepSpeed's sleep copy runs on "
+                  "beside the rollout: the actor's optimizer states stay on the GPU until the advantage stage wakes "
+                  "them",)
+    return MemoryPlan(phases, gpu_total_gib, notes)
 
 
 def _notes(cfg: RunConfig, shape: ModelShape, actor: TrainerBytes, num_vllm: int, roles: tuple[str, ...]) -> tuple:

@@ -200,14 +200,47 @@ def test_sleep_leaves_vllm_setting_the_peak_in_the_rollout_phase():
     assert terms(inside.phases[0])["CUDA contexts"] == 1.0
 
 
-def test_sleep_with_a_small_reservation_leaves_deepspeed_setting_the_peak():
-    plan = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.2},
+def small_reservation_plan(share: float):
+    return estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": share},
                                   ds={"enable_sleep": True}, train={"colocate_all": True, "micro_batch_size": 8},
                                   actor={"gradient_checkpointing_enable": True}), H200_GIB)
-    assert plan.peak_phase.name == "train"
+
+
+def test_a_small_reservation_leaves_the_optimizer_states_on_the_gpu_outside_the_train_phase():
+    plan = small_reservation_plan(0.2)
     # 1.72e9 parameters · 12 bytes; the logits are one 4,096-token chunk's (6.38 GiB), not 8 · 2048 tokens'
-    assert plan.largest_term.name == "actor optimizer states"
-    assert plan.largest_term.gib == pytest.approx(19.2289237976, rel=0, abs=1e-9)
+    states = 19.2289237976
+    assert terms(plan.phases[2])["actor optimizer states"] == pytest.approx(states, rel=0, abs=1e-9)
+    # at the sync's end the GPU holds the actor's weights 3.2048 and states, contexts 1.5, DeepSpeed buffers 0.8,
+    # sync buffers 1.1592 and vLLM's woken weights 3.2048: 29.10 GiB, so 79% of it is free, more than the 20% the
+    # engine maps when it wakes; the sleep copy runs on and the states stay through the rollout
+    assert terms(plan.phases[0]) == pytest.approx({
+        "vLLM reservation": 27.96, "actor weights": 3.2048206329,
+        "actor optimizer states (their sleep copy left running)": states, "CUDA contexts": 1.5,
+        "DeepSpeed NCCL/cuBLAS buffers": 0.8, "actor weight-sync buffers": 1.1591796875}, rel=0, abs=1e-9)
+    # the advantage stage starts their wake (beside the reference's forward): back in the experience phase
+    assert terms(plan.phases[1])["actor optimizer states (woken early, beside the forwards)"] == pytest.approx(
+        states, rel=0, abs=1e-9)
+    assert plan.peak_phase.name == "rollout"
+    assert plan.peak_gib == pytest.approx(27.96 + 3.2048206329 + states + 1.5 + 0.8 + 1.1591796875, rel=0, abs=1e-9)
+
+
+def test_the_sleep_copy_runs_on_beside_the_rollout_only_where_the_waking_engine_finds_its_share_free():
+    # free at the sync's end: (139.8 − 29.0977) / 139.8 = 0.79188 of the GPU
+    outlasting = {share: any(name.startswith("actor optimizer states") for name in terms(small_reservation_plan(share)
+                                                                                         .phases[0]))
+                  for share in (0.79, 0.792, 0.8)}
+    assert outlasting == {0.79: True, 0.792: False, 0.8: False}
+
+
+@pytest.mark.parametrize("ds", [{"zero_stage": 3}, {"adam_offload": True}, {"enable_sleep": False}])
+def test_states_leave_the_gpu_outside_training_where_deepspeed_sleeps_at_once(ds):
+    # ZeRO-3 and DeepSpeed's own offload sleep at once and wake in the train stage; without sleep nothing moves
+    # (the states then count in every phase as the last train step's cached blocks)
+    plan = estimate_memory(config(vllm={"num_engines": 1, "enable_sleep": True, "gpu_memory_utilization": 0.2},
+                                  ds={"enable_sleep": True} | ds), H200_GIB)
+    for phase in plan.phases:
+        assert not any("sleep copy left running" in name or "woken early" in name for name in terms(phase))
 
 
 def test_without_sleep_every_term_adds_up():
@@ -336,12 +369,16 @@ def test_the_deepspeed_peak_benchmark_configuration_by_hand():
     # 4,096 · 151,936 · 10 bytes = 5.7959 GiB and the head's gradient sum 0.5796, the step 12.8193 (a chunk's
     # 0.62e9 logits < 1.72e9 parameters), contexts 3 · 0.5, DeepSpeed buffers 0.8, two 1 GiB sync buffers. The
     # actor's experience forward (a 4,096-token chunk: 5.7959 GiB) left its blocks in the cache, and the train phase
-    # reallocates more than that from it, so it adds nothing. vLLM's 0.3 · 139.8 = 41.94 GiB sets the rollout phase
-    # (48.94 GiB) below it.
+    # reallocates more than that from it, so it adds nothing.
     expected = 3.2048206329 * 2 + 19.2289237976 + 3.5 + 5.7958984375 + HEAD_GRADIENT_SUM + 12.8192825317 + 1.5 \
         + 0.8 + 2.0
-    assert plan.peak_phase.name == "train"
-    assert plan.peak_gib == pytest.approx(expected, rel=0, abs=1e-8)
+    assert plan.phases[2].name == "train"
+    assert plan.phases[2].total_gib == pytest.approx(expected, rel=0, abs=1e-8)
+    # the rollout phase: vLLM's 0.3 · 139.8 = 41.94 GiB beside the actor's weights and, since 78% of the GPU is free
+    # when the sync ends (more than vLLM's 30%), its optimizer states, whose sleep copy runs on: 68.67 GiB, the peak
+    rollout = 41.94 + 3.2048206329 + 19.2289237976 + 1.5 + 0.8 + 2.0
+    assert plan.peak_phase.name == "rollout"
+    assert plan.peak_gib == pytest.approx(rollout, rel=0, abs=1e-8)
 
 
 def sync_beside_sleep_config(**ds):

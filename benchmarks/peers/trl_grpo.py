@@ -35,7 +35,7 @@ from iteration_shape import ITERATION_CONFIG, IterationShape, read_iteration_sha
 from step_figures import open_results, record_steps  # noqa: E402
 
 HOW = ("TRL GRPOTrainer in one process: use_vllm, vllm_mode=colocate, vllm_enable_sleep_mode (level 2), fp32 master "
-       "weights with bf16 autocast, padded micro-batches, gradient checkpointing, TRL's default vLLM importance "
+       "weights with bf16 autocast, padded micro-batches, {checkpointing}, TRL's default vLLM importance "
        "sampling correction (so the old logprobs are computed), loss_type dapo, scale_rewards {scale} ({meaning}), "
        "beta = our KL coefficient (TRL's k3 estimator as a loss)")
 # our advantage estimator → TRL's scale_rewards and what it means; TRL always subtracts the group's mean
@@ -54,7 +54,8 @@ def scale_rewards(shape: IterationShape) -> str:
 def how_trl_runs(shape: IterationShape) -> str:
     """HOW with the shape's advantage mapping filled in."""
     scale, meaning = SCALE_REWARDS[shape.advantage_estimator]
-    return HOW.format(scale=scale, meaning=meaning)
+    checkpointing = "gradient checkpointing" if shape.gradient_checkpointing else "no gradient checkpointing"
+    return HOW.format(scale=scale, meaning=meaning, checkpointing=checkpointing)
 
 
 def grpo_config_kwargs(shape: IterationShape, output_dir: Path, model_dtype: str = "float32") -> dict:

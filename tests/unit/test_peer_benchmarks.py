@@ -66,7 +66,7 @@ def test_trl_config_is_one_generation_batch_per_optimizer_step():
     kwargs = trl_grpo.grpo_config_kwargs(read_iteration_shape(), Path("/tmp/t"))
     expected = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 32, "num_generations": 8,
                 "max_completion_length": 1024, "max_steps": 3, "beta": 0.001, "learning_rate": 1e-6,
-                "lr_scheduler_type": "constant", "bf16": True, "gradient_checkpointing": False, "use_vllm": True,
+                "lr_scheduler_type": "constant", "bf16": True, "gradient_checkpointing": True, "use_vllm": True,
                 "vllm_mode": "colocate", "vllm_enable_sleep_mode": True, "vllm_gpu_memory_utilization": 0.6,
                 "vllm_max_model_length": 1152, "model_init_kwargs": {"dtype": "float32"}, "seed": 42}
     assert {key: kwargs[key] for key in expected} == expected

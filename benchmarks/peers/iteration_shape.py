@@ -52,6 +52,11 @@ class IterationShape:
     def gradient_accumulation_steps(self) -> int:
         return self.train_batch_size // self.micro_batch_size
 
+    @property
+    def checkpointing_words(self) -> str:
+        """How a peer's description names its activation checkpointing."""
+        return "gradient checkpointing" if self.gradient_checkpointing else "no gradient checkpointing"
+
 
 def read_iteration_shape(config_path: Path = ITERATION_CONFIG) -> IterationShape:
     """The shape of `config_path` (our iteration benchmark's YAML); refuses one the peers cannot copy."""

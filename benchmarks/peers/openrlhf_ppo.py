@@ -39,12 +39,6 @@ HOW = ("openrlhf.cli.train_ppo_ray, one GPU, --train.colocate_all, --vllm.enable
        "its torch fallback); TORCH_CUDA_ARCH_LIST=9.0 for DeepSpeed's FusedAdam JIT build")
 
 
-def how_openrlhf_runs(shape: IterationShape) -> str:
-    """HOW with the shape's activation checkpointing filled in."""
-    checkpointing = "gradient checkpointing" if shape.gradient_checkpointing else "no gradient checkpointing"
-    return HOW.format(checkpointing=checkpointing)
-
-
 def openrlhf_argv(shape: IterationShape, model_dir: Path, work_dir: Path) -> list[str]:
     """train_ppo_ray's command line for `shape` on one GPU (OpenRLHF 0.11's dotted flags, which our config mirrors)."""
     flags = {
@@ -180,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--model {args.model} has no config.json: build the stand-in first "
                          f"(python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B {args.model} --device cuda)")
     shape = read_iteration_shape()
-    results = open_results(args.out, peer="openrlhf", how=how_openrlhf_runs(shape), model_dir=args.model,
-                           shape=shape, git_sha=args.git_sha, packages=("openrlhf", "ray", "torchdata"))
+    how = HOW.format(checkpointing=shape.checkpointing_words)
+    results = open_results(args.out, peer="openrlhf", how=how, model_dir=args.model, shape=shape,
+                           git_sha=args.git_sha, packages=("openrlhf", "ray", "torchdata"))
     command = openrlhf_argv(shape, args.model, args.work_dir)
     results.data["meta"]["openrlhf_command"] = " ".join(command[1:])
     steps = StepLog(results, time.perf_counter())

@@ -52,10 +52,9 @@ def scale_rewards(shape: IterationShape) -> str:
 
 
 def how_trl_runs(shape: IterationShape) -> str:
-    """HOW with the shape's advantage mapping filled in."""
+    """HOW with the shape's advantage mapping and checkpointing filled in."""
     scale, meaning = SCALE_REWARDS[shape.advantage_estimator]
-    checkpointing = "gradient checkpointing" if shape.gradient_checkpointing else "no gradient checkpointing"
-    return HOW.format(scale=scale, meaning=meaning, checkpointing=checkpointing)
+    return HOW.format(scale=scale, meaning=meaning, checkpointing=shape.checkpointing_words)
 
 
 def grpo_config_kwargs(shape: IterationShape, output_dir: Path, model_dtype: str = "float32") -> dict:

@@ -1,8 +1,8 @@
 """Acceptance of the two agent demos (data/agents/guess.yaml, calc.yaml) through the real flow: over their 24 steps
 the mean reward of the last 5 steps beats the first 5 by ≥ 0.2, and the same run with `--actor.adam.lr 0` gains
 < 0.05 over its first 10 steps (its first 5 against its next 5: a frozen policy's steps are alike, so 10 tell what
-24 would, at 14 steps less). Measured 2026-12-06 on the 2-core machine: guess 0.324 → 0.887 (gain 0.53; frozen −0.03), calc 0.115 →
-0.363 (gain 0.25; frozen −0.00), 40-50 s a run."""
+24 would, at 14 steps less). Measured 2026-12-06 on the 2-core machine with 24-step controls: guess 0.324 → 0.887
+(gain 0.53; frozen −0.03), calc 0.115 → 0.363 (gain 0.25; frozen −0.00), 40-50 s a run."""
 from __future__ import annotations
 
 import pyarrow.dataset as pds

@@ -1,6 +1,42 @@
-"""A fixture the memory-plan tests share: import `logprob_kernels` into a test module to apply it there (not a
-conftest.py: the integration tests import the root conftest by its module name, which a second one would shadow)."""
+"""What the memory-plan tests share: a colocated Qwen3-1.7B run config, a phase's terms by name, and the autouse
+fixtures `logprob_kernels` and `liger` (import them into a test module to apply them there; not a conftest.py: the
+integration tests import the root conftest by its module name, which a second one would shadow)."""
 import pytest
+
+from hybrid_core.config import RunConfig
+
+H200_GIB = 139.8
+
+# The head weight's gradient summed over the vocabulary-head chunks: 151936 · 2048 · 2 bytes = 0.57958984375 GiB
+HEAD_GRADIENT_SUM = 0.57958984375
+
+
+def config(world: int = 1, **blocks) -> RunConfig:
+    """A colocated Qwen3-1.7B run on `world` GPUs (one vLLM engine per GPU) plus `blocks` merged in."""
+    base = {"actor": {"model_name_or_path": "Qwen/Qwen3-1.7B", "num_gpus_per_node": world},
+            "ref": {"num_gpus_per_node": world}, "vllm": {"num_engines": world, "sync_bucket_mb": 256},
+            "train": {"colocate_all": True}, "data": {"max_len": 2048},
+            "algo": {"advantage": {"estimator": "reinforce"}, "kl": {"init_coef": 0.0}}}
+    for ns, block in blocks.items():
+        base[ns] = base.get(ns, {}) | block
+    return RunConfig.model_validate(base)
+
+
+def terms(phase) -> dict[str, float]:
+    return {term.name: term.gib for term in phase.terms}
+
+
+@pytest.fixture(autouse=True)
+def liger(monkeypatch):
+    """Whether the liger-kernel package is installed, as the plan sees it: not, unless a test says so (the figures
+    by hand are the model's own kernels, whatever this machine has installed)."""
+    import hybrid_core.plan.memory as memory_plan
+
+    def installed(value: bool) -> None:
+        monkeypatch.setattr(memory_plan, "liger_installed", lambda: value)
+    installed(False)
+    return installed
+
 
 
 @pytest.fixture(autouse=True)

@@ -231,3 +231,13 @@ def test_results_meta_says_how_the_peer_ran_and_at_what_shape(tmp_path):
         "trl", "one process", "abc", 28)
     assert meta["iteration_shape"]["reward_file"] == str(REPO_ROOT / "data" / "letters_reward.py")
     assert meta["versions"]["datasets"] == "5.2.0" and "gpu" in meta["versions"]
+
+
+def test_the_peers_descriptions_say_whether_they_checkpoint_activations():
+    from dataclasses import replace
+
+    shape = read_iteration_shape()
+    on, off = replace(shape, gradient_checkpointing=True), replace(shape, gradient_checkpointing=False)
+    assert ", gradient checkpointing," in trl_grpo.how_trl_runs(on)
+    assert ", no gradient checkpointing," in trl_grpo.how_trl_runs(off)
+    assert openrlhf_ppo.HOW.format(checkpointing=off.checkpointing_words).count("no gradient checkpointing") == 1

@@ -61,14 +61,24 @@ class PrefectServer:
                               timeout=timeout)
 
     def start_worker(self, pool: str) -> None:
-        self._spawn("worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"])
+        self._spawn(f"worker-{pool}", [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"])
 
     def stop(self) -> None:
-        """Worker first (SIGTERM, then SIGKILL), then the server: a worker outliving its server hangs."""
-        for proc in reversed(self.procs):
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=15)
+        """Workers first, all at once (SIGTERM, then SIGKILL for any still up after 15 s), then the server: a
+        worker outliving its server hangs."""
+        server, workers = self.procs[0], self.procs[1:]
+        _terminate(workers)
+        _terminate([server])
+
+
+def _terminate(procs: list[subprocess.Popen], grace_s: float = 15) -> None:
+    """SIGTERM every process group in `procs` together, wait up to `grace_s` for all, SIGKILL those still up."""
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)

@@ -6,14 +6,9 @@ import pytest
 from hybrid_core.config import RunConfig
 from hybrid_core.plan.memory import (GIB, ModelShape, estimate_memory, fit_summary, model_shape,
                                      optimizer_bytes_per_param, render_memory, trainer_bytes)
-from tests.unit.plan_fixtures import H200_GIB, HEAD_GRADIENT_SUM, config, terms
+from tests.unit.plan_fixtures import H200_GIB, HEAD_GRADIENT_SUM, QWEN3_1_7B_PARAMS, config, terms
 from tests.unit.plan_fixtures import liger, logprob_kernels  # noqa: F401 — autouse: the kernels the figures assume
 
-# Qwen3-1.7B by hand (its config.json: hidden 2048, intermediate 6144, 28 layers, 16 heads, 8 KV heads, head_dim 128,
-# vocab 151936, tied): embedding 151936·2048 = 311,164,928; per layer q 2048·2048 = 4,194,304, k and v
-# 2048·1024 = 2,097,152 each, o 4,194,304, MLP 3·2048·6144 = 37,748,736, norms 2·2048 + 2·128 = 4,352 →
-# 50,336,000; 28 layers 1,409,408,000; final norm 2,048. Tied: 1,720,574,976 (transformers counts the same).
-QWEN3_1_7B_PARAMS = 1_720_574_976
 QWEN3_1_7B_UNTIED = QWEN3_1_7B_PARAMS + 311_164_928
 
 

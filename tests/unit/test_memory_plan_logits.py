@@ -3,9 +3,8 @@ when the optimizer step's temporaries come out of the blocks the backward freed.
 import pytest
 
 from hybrid_core.plan.memory import GIB, model_shape, trainer_bytes
-from tests.unit.plan_fixtures import HEAD_GRADIENT_SUM, config
+from tests.unit.plan_fixtures import HEAD_GRADIENT_SUM, QWEN3_1_7B_PARAMS, config
 from tests.unit.plan_fixtures import logprob_kernels  # noqa: F401 — autouse: the PyTorch head's bytes
-from tests.unit.test_memory_plan import QWEN3_1_7B_PARAMS
 
 
 def test_the_fused_head_kernels_keep_the_logits_and_their_gradient_only(logprob_kernels, monkeypatch):

@@ -23,13 +23,18 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def single_rank_env() -> None:
+    """The process group variables of a one-rank DeepSpeed engine, where the caller set none."""
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(key, value)
+
+
 def single_rank_trainer(model_dir: Path, *, lr: float, ds: dict, train: dict, total_steps: int,
                         gradient_checkpointing: bool = False, with_sleep_buffer: bool = False):
     """A one-rank DeepSpeed engine of `model_dir`; `ds`/`train` are DsConfig/TrainConfig fields. The sleep buffer
     (with ds enable_sleep) starts allocating before the model loads, as in the actor worker."""
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(key, value)
+    single_rank_env()
     from hybrid_core.config import ActorConfig, DsConfig, TrainConfig
     from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy, start_sleep_buffer
 

@@ -7,6 +7,8 @@ Issue #7's sections (→ h200-train-<date>.json): `train` (MFU through fit_actor
 `sync4b` (bucketed vs per-tensor sync of the 4B shape), `memory` (plan vs measured peak, two configurations) and
 `iteration` (three colocated `hybrid train` iterations, seconds per stage, GPU and host memory peaks; the config
 benchmarks/configs/NAME.yaml of --iteration-config, default h200-iteration).
+Issue 48's `train_memory`: the actor's update at that config's shape (and --iteration-flag's), the bytes live at
+its peak by allocation site beside the memory plan's train-phase terms (bench_train_memory.py).
 Issue #18's `long_context` (needs --model-4b): one 74,240-token sample of the 4B shape trained on the GPU (ZeRO-2,
 bf16, checkpointing, sleep) through fit_actor: step time, tokens/s and the device peak against the memory plan.
 Usage (on the GPU machine, repository root on PYTHONPATH):
@@ -273,6 +275,11 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
         gpu_total_gib = results.data["meta"]["versions"]["gpu_total_gib"]
         results.section("memory", lambda: bench_memory(results, args.model, args.work_dir, gpu_total_gib,
                                                                   args.memory_configs.split(",")))
+    if "train_memory" in sections:  # the actor's update at the iteration config's shape, allocation by allocation
+        from bench_train_memory import bench_train_memory
+
+        results.section("train_memory", lambda: bench_train_memory(results, args.model, args.iteration_config,
+                                                                   list(args.iteration_flag)))
     if "long_context" in sections:
         from bench_long_context import bench_long_context
 

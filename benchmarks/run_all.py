@@ -269,6 +269,11 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
 
         results.section("sync4b", lambda: bench_vllm(results, args.model_4b, 0.0, 0, "sync", enforce_eager=True,
                                                      tag="4b"))
+    run_memory_sections(results, args, sections, ceilings)
+
+
+def run_memory_sections(results: Results, args, sections: list[str], ceilings: dict) -> None:
+    """Issue #7's memory and iteration figures, issue #18's long context and issue 48's train memory."""
     if "memory" in sections:
         from bench_iteration import bench_memory
 

@@ -116,10 +116,10 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
 def _plan_figures(results, config: Path, model_dir: Path, flags: tuple[str, ...], gpu_total_gib: float) -> None:
     """`hybrid plan`'s estimate for the run's config and flags: the peak, each phase's total and its notes (the
     host memory that sleeping roles use)."""
-    from hybrid_core.flags import parse_cli
+    from bench_common import bench_config
     from hybrid_core.plan.memory import estimate_memory
 
-    cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir), *flags])
+    cfg = bench_config(config, model_dir, flags)
     plan = estimate_memory(cfg, gpu_total_gib)
     phases = {phase.name: phase.total_gib for phase in plan.phases}
     results.figure("iteration_plan_peak_gib", plan.peak_gib, trials=phases,
@@ -272,12 +272,12 @@ def orchestration_parts(run_dir: Path, rows: dict[int, dict], step: int) -> dict
 
 def bench_memory(results, model_dir: Path, root: Path, gpu_total_gib: float,
                  names: list[str] = ("vllm-peak", "ds-peak")) -> None:
-    from hybrid_core.flags import parse_cli
+    from bench_common import bench_config
     from hybrid_core.plan.memory import estimate_memory
 
     for name in names:
         config = CONFIGS / f"h200-memory-{name}.yaml"
-        cfg = parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir)])
+        cfg = bench_config(config, model_dir)
         plan = estimate_memory(cfg, gpu_total_gib)
         sampler = GpuMemorySampler()
         try:

@@ -79,10 +79,9 @@ def top_sites_gib(sites: dict[str, int], top: int = TOP_SITES) -> dict[str, floa
 
 
 def iteration_config(name: str, model_dir: Path, flags: list[str]):
-    from hybrid_core.flags import parse_cli
+    from bench_common import bench_config
 
-    config = Path(__file__).resolve().parent / "configs" / f"{name}.yaml"
-    return parse_cli(["--config", str(config), "--actor.model_name_or_path", str(model_dir), *flags])
+    return bench_config(Path(__file__).resolve().parent / "configs" / f"{name}.yaml", model_dir, flags)
 
 
 def update_samples(cfg, seed: int):
@@ -103,13 +102,10 @@ def update_samples(cfg, seed: int):
 
 
 def _trainer(cfg):
-    from bench_common import single_rank_env
-    from hybrid_core.engines.deepspeed_train import DeepSpeedTrainEngine, load_policy
+    from bench_common import single_rank_engine
 
-    single_rank_env()
-    path = cfg.actor.model_name_or_path
-    return DeepSpeedTrainEngine(load_policy(path, cfg.actor, cfg.ds, cfg.train.seed), cfg.actor, cfg.ds, cfg.train,
-                                100, 0, None)
+    return single_rank_engine(Path(cfg.actor.model_name_or_path), cfg.actor, cfg.ds, cfg.train, 100,
+                              seed=cfg.train.seed)
 
 
 def _update(trainer, cfg, seed: int) -> None:

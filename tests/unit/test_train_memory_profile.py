@@ -14,9 +14,7 @@ from tests.unit.plan_fixtures import liger, logprob_kernels  # noqa: F401 — au
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 PROFILE = runpy.run_path(str(REPO_ROOT / "benchmarks" / "bench_train_memory.py"))
-QWEN3_1P7B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2048,
-              "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}
+QWEN3_1P7B = json.loads((REPO_ROOT / "data" / "model_shapes.json").read_text())["Qwen/Qwen3-1.7B"]
 
 
 def frames(*names: str) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The base of every configuration block, and the optimizer block the actor and the critic share (`--<role>.optim`,
-`--<role>.adam.*`, `--<role>.muon.*`, the schedule and clipping).
+"""The base of every configuration block, the optimizer block the actor and the critic share (`--<role>.optim`,
+`--<role>.adam.*`, `--<role>.muon.*`, the schedule and clipping), and the two trainer blocks (`--actor.*`,
+`--critic.*`).
 
 Part of the configuration tree of `config.py`, which re-exports these names; pydantic only, no torch or Ray.
 """
@@ -68,3 +69,44 @@ class LoraConfig(ConfigBlock):
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
     save_merged: bool = Field(False, description="PROJECT: HF exports also hold the merged model (`merged/`) beside "
                               "the PEFT adapter")
+
+
+class ActorConfig(OptimizerFields):
+    IMPLEMENTED_VALUES: ClassVar[dict[str, frozenset]] = {"policy_loss_type": frozenset({"ppo", "gspo"})}
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(OptimizerFields.IMPLEMENTED | {
+        "model_name_or_path", "num_nodes", "num_gpus_per_node", "gradient_checkpointing_enable",
+        "gradient_checkpointing_reentrant", "gradient_checkpointing_layers", "eps_clip", "eps_clip_low_high",
+        "dual_clip", "policy_loss_type", "entropy_coef"})
+    model_name_or_path: str | None = Field(None, description="HF model id or local path of the policy")
+    num_nodes: int = Field(1, gt=0, description="nodes for the actor")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the actor")
+    gradient_checkpointing_enable: bool = Field(False, description="activation checkpointing")
+    gradient_checkpointing_reentrant: bool = Field(False, description="reentrant checkpointing")
+    gradient_checkpointing_layers: int | None = Field(
+        None, gt=0, description="PROJECT: with checkpointing on, recompute only the first N decoder layers; the others "
+        "keep their activations (less recompute, more memory: `hybrid plan` shows the train phase). None: every layer")
+    eps_clip: float = Field(0.2, gt=0, description="PPO clip range")
+    eps_clip_low_high: tuple[float, float] | None = Field(None, description="asymmetric clip (low high)")
+    dual_clip: float | None = Field(None, gt=1, description="dual-clip constant c (> 1)")
+    policy_loss_type: Literal["ppo", "gspo"] = Field("ppo", description="token-level PPO or sequence-level GSPO")
+    aux_loss_coef: float = Field(0.0, ge=0, description="MoE balance loss coefficient")
+    entropy_coef: float | None = Field(None, description="entropy bonus (None: off, 0: log only)")
+    freeze_visual_encoder: bool = Field(False, description="freeze the vision tower (VLM)")
+
+    def checkpointed_layers(self, num_layers: int) -> int:
+        """How many of a `num_layers`-layer decoder's layers recompute their activations in the backward."""
+        if not self.gradient_checkpointing_enable:
+            return 0
+        return min(self.gradient_checkpointing_layers or num_layers, num_layers)
+
+
+class CriticConfig(OptimizerFields):
+    IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(OptimizerFields.IMPLEMENTED | {
+        "model_name_or_path", "num_nodes", "num_gpus_per_node", "value_clip", "freezing_steps"})
+    adam: AdamConfig = Field(default_factory=lambda: AdamConfig(lr=9e-6), description="Adam settings")
+    model_name_or_path: str | None = Field(None, description="critic model (default: reward model path)")
+    num_nodes: int = Field(1, gt=0, description="nodes for the critic")
+    num_gpus_per_node: int = Field(8, gt=0, description="GPUs per node for the critic")
+    value_clip: float = Field(0.5, gt=0, description="value clip range")
+    freezing_steps: int = Field(-1, ge=-1, description="keep the actor frozen for the first N steps")
+    save_value_network: bool = Field(False, description="also save the value network")

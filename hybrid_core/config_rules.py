@@ -18,7 +18,8 @@ def rule_problems(cfg: RunConfig) -> list[str]:
     return [*_sleep_problems(cfg), *_estimator_problems(cfg), *_filtering_problems(cfg),
             *_colocation_problems(cfg), *_value_problems(cfg), *_batching_problems(cfg), *_secret_problems(cfg),
             *_eval_problems(cfg), *_data_problems(cfg), *_correction_problems(cfg), *_executor_problems(cfg),
-            *_agent_problems(cfg), *_async_problems(cfg), *_lora_problems(cfg), *_ema_problems(cfg)]
+            *_agent_problems(cfg), *_async_problems(cfg), *_lora_problems(cfg), *_ema_problems(cfg),
+            *_checkpointing_problems(cfg)]
 
 
 def _async_problems(cfg: RunConfig) -> list[str]:
@@ -92,6 +93,15 @@ def _lora_problems(cfg: RunConfig) -> list[str]:
          "loaded there; drop those flags"),
     ]
     return [message for is_broken, message in unsupported if is_broken]
+
+
+def _checkpointing_problems(cfg: RunConfig) -> list[str]:
+    layers = cfg.actor.gradient_checkpointing_layers
+    if layers is None or cfg.actor.gradient_checkpointing_enable:
+        return []
+    return [f"actor.gradient_checkpointing_layers {layers} says how many layers checkpointing recomputes, and "
+            "actor.gradient_checkpointing_enable is off: add --actor.gradient_checkpointing_enable or drop "
+            "--actor.gradient_checkpointing_layers"]
 
 
 def _ema_problems(cfg: RunConfig) -> list[str]:

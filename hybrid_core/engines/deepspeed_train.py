@@ -83,10 +83,28 @@ def load_policy(model_path: str, actor: ActorConfig, ds: DsConfig, seed: int = 0
                            attn_implementation_for(ds.packing_samples, ds.ring_attn_size > 1, ds.packed_attention),
                            ds.use_liger_kernel)
     if actor.gradient_checkpointing_enable:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
+        checkpoint_layers(model, actor)
     lora = LoraSettings.of(ds.lora, seed)
     return model if lora is None else with_adapters(model, lora, actor.gradient_checkpointing_enable)
+
+
+def checkpoint_layers(model: torch.nn.Module, actor: ActorConfig) -> None:
+    """Activation checkpointing on `model`'s decoder layers: all of them, or the first
+    `actor.gradient_checkpointing_layers` (the later ones then keep their activations for the backward)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
+    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+    wanted = actor.gradient_checkpointing_layers
+    if wanted is None:
+        return
+    if wanted > len(layers):
+        raise ValueError(f"actor.gradient_checkpointing_layers {wanted} is more than the policy's {len(layers)} "
+                         f"checkpointable decoder layers: give at most {len(layers)}, or drop the flag to "
+                         "checkpoint every layer")
+    for layer in layers[wanted:]:
+        layer.gradient_checkpointing = False
 
 
 def count_parameters(model_path: str) -> int:

@@ -119,12 +119,12 @@ def trainer_bytes(cfg: RunConfig, shape: ModelShape, has_logits: bool) -> Traine
     tokens, forward_tokens = ring_tokens(train_tokens(cfg), cfg), ring_tokens(forward_tokens_of(cfg), cfg)
     chunk = cfg.ds.logit_chunk_tokens  # a ring's rank runs the head over its own share's response tokens only
     logit_tokens, forward_logit_tokens = min(tokens, chunk), min(forward_tokens, chunk)
-    is_checkpointed, fused = cfg.actor.gradient_checkpointing_enable, runs_fused_kernels(cfg)
-    per_logit = logit_bytes(cfg)
-    activations = tokens * shape.activation_bytes_per_token(param_bytes, is_checkpointed, fused)
-    if is_checkpointed:  # the backward recomputes one layer at a time
+    checkpointed = cfg.actor.checkpointed_layers(shape.num_hidden_layers) if has_logits else 0
+    fused, per_logit = runs_fused_kernels(cfg), logit_bytes(cfg)
+    activations = tokens * shape.activation_bytes_per_token(param_bytes, checkpointed, fused)
+    if checkpointed:  # the backward recomputes one layer at a time
         activations += tokens * shape.layer_bytes_per_token(param_bytes, fused)
-    activations += ring_kv_bytes(cfg, shape, tokens, is_checkpointed)
+    activations += ring_kv_bytes(cfg, shape, tokens, checkpointed)
     offloaded = cfg.ds.adam_offload
     # the step's two fp32 partition-sized temporaries come out of the largest block the head's backward freed
     freed_block = logit_tokens * shape.vocab_size * (param_bytes if runs_logprob_kernels(cfg) else 4)
@@ -196,11 +196,12 @@ def ring_tokens(tokens: int, cfg: RunConfig) -> int:
     return -(-tokens // cfg.ds.ring_attn_size)
 
 
-def ring_kv_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, is_checkpointed: bool) -> int:
-    """All-gathered keys and values a ring keeps per layer for the backward (one layer's with checkpointing)."""
+def ring_kv_bytes(cfg: RunConfig, shape: ModelShape, tokens: int, checkpointed_layers: int) -> int:
+    """All-gathered keys and values a ring keeps for the backward: each layer's that is not checkpointed, and one
+    recomputed layer's when any is."""
     size, kv_width = cfg.ds.ring_attn_size, shape.num_key_value_heads * shape.head_dim
     per_layer = size * tokens * 2 * kv_width * PARAM_BYTES[cfg.ds.param_dtype] if size > 1 else 0
-    return per_layer * (1 if is_checkpointed else shape.num_hidden_layers)
+    return per_layer * (shape.num_hidden_layers - checkpointed_layers + (checkpointed_layers > 0))
 
 
 def forward_tokens_of(cfg: RunConfig) -> int:

@@ -74,14 +74,22 @@ class ModelShape:
         """Layers and the final norm: `num_params` without the embedding and the lm_head."""
         return self.num_hidden_layers * self.layer_params + self.hidden_size
 
-    def activation_bytes_per_token(self, param_bytes: int, is_checkpointed: bool, fused: bool = False) -> int:
-        """Bytes autograd keeps per token for the whole decoder stack during a training forward.
+    def activation_bytes_per_token(self, param_bytes: int, checkpointed_layers: int, fused: bool = False) -> int:
+        """Bytes autograd keeps per token for the whole decoder stack during a training forward, when
+        `checkpointed_layers` of its layers are checkpointed (0: none, `num_hidden_layers`: all): a checkpointed
+        layer keeps its input (hidden), every other layer its full activations (`layer_bytes_per_token`)."""
+        kept_layers = self.num_hidden_layers - checkpointed_layers
+        return checkpointed_layers * self.hidden_size * param_bytes \
+            + kept_layers * self.layer_bytes_per_token(param_bytes, fused)
 
-        Checkpointed: each layer's input (hidden). Otherwise, per layer (2-byte activations, measured within 2% on
-        the H200 for a Qwen3-1.7B shape with sdpa attention): each RMSNorm keeps an fp32 copy of its input and its
-        bf16 output (6·hidden bytes, two norms); q/k/v outputs 2·(q + 2·kv); q_norm/k_norm 6·(q + kv); the rotated
-        q/k 2·(q + kv); the attention output and its contiguous copy for o_proj 4·q; gate, up, SiLU(gate) and
-        their product 8·intermediate. Sum: 12·hidden + 14·q + 12·kv + 8·intermediate.
+    def layer_bytes_per_token(self, param_bytes: int, fused: bool = False) -> int:
+        """One layer's full activations per token: what a layer that is not checkpointed keeps, and what a
+        checkpointed backward recomputes at a time.
+
+        Per layer (2-byte activations, measured within 2% on the H200 for a Qwen3-1.7B shape with sdpa attention):
+        each RMSNorm keeps an fp32 copy of its input and its bf16 output (6·hidden bytes, two norms); q/k/v outputs
+        2·(q + 2·kv); q_norm/k_norm 6·(q + kv); the rotated q/k 2·(q + kv); the attention output and its contiguous
+        copy for o_proj 4·q; gate, up, SiLU(gate) and their product 8·intermediate. Sum: 12·hidden + 14·q + 12·kv + 8·intermediate.
 
         `fused` (Liger's RMSNorm, rotary and SwiGLU kernels): each layer norm keeps its 16-bit input beside its
         output (4·hidden each, with one fp32 scale per row); q_norm/k_norm keep nothing new (their inputs are the
@@ -90,18 +98,12 @@ class ModelShape:
         (the plan then came within 1% of the H200's peak at 8,192 tokens, 2026-12-02).
         """
         h = self.hidden_size
-        if is_checkpointed:
-            return self.num_hidden_layers * h * param_bytes
         q_dim, kv_dim = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         if fused:
             per_layer = 8 * h + 8 * q_dim + 6 * kv_dim + 6 * self.intermediate_size
         else:
             per_layer = 12 * h + 14 * q_dim + 12 * kv_dim + 8 * self.intermediate_size
-        return self.num_hidden_layers * per_layer * param_bytes // 2
-
-    def layer_bytes_per_token(self, param_bytes: int, fused: bool = False) -> int:
-        """One layer's full activations per token: what a checkpointed backward recomputes at a time."""
-        return self.activation_bytes_per_token(param_bytes, False, fused) // self.num_hidden_layers
+        return per_layer * param_bytes // 2
 
 
 def model_shape(name_or_path: str | None, field: str = "actor.model_name_or_path") -> ModelShape:

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from hybrid_core.config import LIGER_INSTALL_HINT, RunConfig, changed_fields, leaf_values
 from hybrid_core.plan.memory import fit_summary, liger_installed
+from hybrid_core.plan.model_shapes import model_shape
 from hybrid_core.plan.optimizer_rules import optimizer_problems
 from hybrid_core.plan.ring import ring_problems, unpacked_ring
 from hybrid_core.plan.run_plan import RunPlan, run_plan
@@ -94,7 +95,8 @@ def plan_problems(cfg: RunConfig, plan: RunPlan, num_gpus_found: int | None) -> 
     """
     problems = [gap.problem for gap in gaps(cfg, plan)]
     problems += _reward_url_problems(cfg) + _kernel_problems(cfg) + optimizer_problems(cfg) + _missing_inputs(cfg) \
-        + _reward_model_problems(cfg) + ring_problems(cfg, plan.role_ranks) + _memory_problems(plan)
+        + _reward_model_problems(cfg) + ring_problems(cfg, plan.role_ranks) + _memory_problems(plan) \
+        + _checkpointed_layer_problems(cfg)
     num_gpus = plan.placement.num_gpus
     if num_gpus_found is not None and num_gpus > num_gpus_found:
         problems.append(f"needs {num_gpus} GPUs, found {num_gpus_found}; run on a machine with more GPUs "
@@ -109,6 +111,23 @@ def _memory_problems(plan: RunPlan) -> list[str]:
     if memory is None or memory.fits:
         return []
     return [f"GPU memory: {fit_summary(memory)}, in phase {memory.peak_phase.name}; `hybrid plan` lists every term"]
+
+
+def _checkpointed_layer_problems(cfg: RunConfig) -> list[str]:
+    """A partial checkpointing count within the policy's decoder layers, where its shape is known (an unknown one
+    is the memory plan's to report)."""
+    wanted = cfg.actor.gradient_checkpointing_layers
+    if wanted is None or not cfg.actor.gradient_checkpointing_enable:
+        return []
+    try:
+        layers = model_shape(cfg.actor.model_name_or_path).num_hidden_layers
+    except ValueError:
+        return []
+    if wanted <= layers:
+        return []
+    return [f"actor.gradient_checkpointing_layers {wanted} is more than the {layers} decoder layers of "
+            f"actor.model_name_or_path {cfg.actor.model_name_or_path!r}: give at most {layers}, or drop the flag to "
+            "checkpoint every layer"]
 
 
 def _kernel_problems(cfg: RunConfig) -> list[str]:

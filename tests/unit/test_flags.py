@@ -237,7 +237,7 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 196  # 191 fields + the negations of the booleans that default to true or to the run's choice:
+    assert len(names) == 197  # 192 fields + the negations of the booleans that default to true or to the run's choice:
     # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt, --rollout.no_logprobs,
     # --ds.no_use_liger_kernel
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]

@@ -116,6 +116,40 @@ def test_fused_kernels_keep_fewer_activations_by_hand(liger):
     assert trainer_bytes(config(ds={"use_liger_kernel": False}), shape, has_logits=True).activations == 6.125
 
 
+def test_partial_checkpointing_keeps_the_later_layers_by_hand(liger):
+    # the first 20 of 28 layers checkpointed: their inputs (2048 · 2 bytes per token each), the other 8 layers' full
+    # activations (Liger: 75,776 bytes per token each) and one recomputed layer; 2,048 tokens
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    liger(True)
+    actor = {"model_name_or_path": "Qwen/Qwen3-1.7B", "gradient_checkpointing_enable": True}
+    partial = trainer_bytes(config(actor=actor | {"gradient_checkpointing_layers": 20}), shape, has_logits=True)
+    assert partial.activations == pytest.approx(2048 * (20 * 4096 + 8 * 75_776 + 75_776) / GIB, rel=0, abs=1e-9)
+    every = trainer_bytes(config(actor=actor), shape, has_logits=True)
+    assert trainer_bytes(config(actor=actor | {"gradient_checkpointing_layers": 28}), shape,
+                         has_logits=True).activations == every.activations
+    assert every.activations == pytest.approx(2048 * (28 * 4096 + 75_776) / GIB, rel=0, abs=1e-9)
+    # the critic's trainer never checkpoints: the actor's flag leaves its activations whole
+    critic = trainer_bytes(config(actor=actor), shape, has_logits=False)
+    assert critic.activations == pytest.approx(2048 * 28 * 75_776 / GIB, rel=0, abs=1e-9)
+
+
+def test_a_ring_keeps_the_gathered_kv_of_every_layer_it_does_not_checkpoint():
+    # 2 ranks, 2,048 tokens a micro-batch → 1,024 a rank; a layer's gathered K and V: 2 · 1,024 · 2 · 1,024 · 2 bytes
+    # = 8 MiB. None checkpointed: 28 layers'; 20 of 28: the 8 kept layers' and the recomputed one's; all: one layer's
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    checkpointing = {"gradient_checkpointing_enable": True}
+    actors = {"none": {}, "partial": checkpointing | {"gradient_checkpointing_layers": 20}, "all": checkpointing}
+
+    def activations(ring_attn_size: int, actor: dict) -> float:
+        cfg = config(world=2, ds={"ring_attn_size": ring_attn_size, "packing_samples": True}, actor=actor)
+        return trainer_bytes(cfg, shape, has_logits=True).activations
+
+    # a rank of the ring holds half the micro-batch's tokens, so half the unringed activations, plus the K/V
+    kv = {name: activations(2, actor) - activations(1, actor) / 2 for name, actor in actors.items()}
+    layer_kv = 2 * 1024 * 2 * 1024 * 2 / GIB
+    assert kv == pytest.approx({"none": 28 * layer_kv, "partial": 9 * layer_kv, "all": layer_kv}, rel=0, abs=1e-9)
+
+
 def test_logits_grow_with_the_chunk_not_the_micro_batch():
     shape = model_shape("Qwen/Qwen3-1.7B")
 

@@ -95,10 +95,10 @@ def checkpoint_layers(model: torch.nn.Module, actor: ActorConfig) -> None:
 
     model.gradient_checkpointing_enable(
         gradient_checkpointing_kwargs={"use_reentrant": actor.gradient_checkpointing_reentrant})
-    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
     wanted = actor.gradient_checkpointing_layers
     if wanted is None:
         return
+    layers = [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
     if wanted > len(layers):
         raise ValueError(f"actor.gradient_checkpointing_layers {wanted} is more than the policy's {len(layers)} "
                          f"checkpointable decoder layers: give at most {len(layers)}, or drop the flag to "

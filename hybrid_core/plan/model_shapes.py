@@ -89,7 +89,8 @@ class ModelShape:
         Per layer (2-byte activations, measured within 2% on the H200 for a Qwen3-1.7B shape with sdpa attention):
         each RMSNorm keeps an fp32 copy of its input and its bf16 output (6·hidden bytes, two norms); q/k/v outputs
         2·(q + 2·kv); q_norm/k_norm 6·(q + kv); the rotated q/k 2·(q + kv); the attention output and its contiguous
-        copy for o_proj 4·q; gate, up, SiLU(gate) and their product 8·intermediate. Sum: 12·hidden + 14·q + 12·kv + 8·intermediate.
+        copy for o_proj 4·q; gate, up, SiLU(gate) and their product 8·intermediate. Sum: 12·hidden + 14·q + 12·kv
+        + 8·intermediate.
 
         `fused` (Liger's RMSNorm, rotary and SwiGLU kernels): each layer norm keeps its 16-bit input beside its
         output (4·hidden each, with one fp32 scale per row); q_norm/k_norm keep nothing new (their inputs are the

@@ -19,6 +19,9 @@ Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --only logprob_kernel,h2d,wake_copy --out FILE.json  (no DeepSpeed or
   vLLM: the head's kernels against PyTorch's ops, where large host-to-device copies lose speed, and the wake's copy
   by the copy engine against the multiprocessors' kernel)
+  python3 benchmarks/run_all.py --model DIR --only gpu_overlap --out FILE.json  (torch alone: a decode-like and a
+  forward-like job of the 1.7B shape alone, on two streams of one process and in two processes; PROBE_OVERLAP_MPS=1
+  adds two processes under MPS)
   python3 benchmarks/run_all.py --model DIR4B --model-4b DIR4B --only long_context --out FILE.json
 DIR is a random-weight stand-in (python3 data/build_tiny_model.py --standin Qwen/Qwen3-1.7B DIR --device cuda).
 """
@@ -216,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         from probe_wake_copy import probe_wake_copy
 
         results.section("wake_copy", lambda: probe_wake_copy(results))
+    if "gpu_overlap" in sections:
+        from probe_gpu_overlap import probe_gpu_overlap
+
+        results.section("gpu_overlap", lambda: probe_gpu_overlap(results))
     if "ds" in sections:
         from bench_ds_sleep import bench_ds_sleep
 

@@ -126,3 +126,13 @@ def test_gpu_idle_time_is_attributed_to_the_innermost_host_call_and_the_activity
     assert figures["idle_ms_a_step_by_host_range"] == {"host:update_from_output": 30e-3 / 2,
                                                         "host:schedule": 20e-3 / 2, "host:engine_step": 10e-3 / 2}
     assert figures["idle_ms_a_step_by_next_gpu_activity"] == {"copy": 40e-3 / 2, "sampler": 20e-3 / 2}
+
+
+def test_overlap_saving_is_the_serial_time_the_overlap_hid_over_the_shorter_job():
+    overlap_summary = runpy.run_path(str(REPO_ROOT / "benchmarks" / "probe_gpu_overlap.py"))["overlap_summary"]
+    hidden_half = overlap_summary({"decode": 2.0, "forward": 1.0}, {"decode": 2.5, "forward": 1.5})
+    assert hidden_half == {"wall_s": 2.5, "serial_s": 3.0, "saving_fraction": 0.5, "decode_slowdown": 1.25,
+                           "forward_slowdown": 1.5}
+    serial = overlap_summary({"decode": 2.0, "forward": 1.0}, {"decode": 3.0, "forward": 1.0})
+    assert serial["saving_fraction"] == 0.0
+    assert overlap_summary({"decode": 2.0, "forward": 1.0}, {"decode": 2.0, "forward": 1.0})["saving_fraction"] == 1.0

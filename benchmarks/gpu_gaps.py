@@ -1,10 +1,11 @@
-"""When the GPU idles during a generate, what the host is doing (issue 17): reads a chrome trace of torch's profiler
-(CPU and CUDA activity) whose host calls are `host:NAME` ranges (`host_split.py` with ranges on), takes the GPU's
-idle intervals between the first and the last `host:engine_step`, and gives their seconds by the innermost host
-range open at each moment of the gap, and by the GPU activity that ended the gap.
+"""When the GPU idles during a generate or an update, what the host is doing (issues 17 and 48): reads a chrome trace
+of torch's profiler (CPU and CUDA activity) whose host calls are `host:NAME` ranges (`host_split.py` with ranges on),
+takes the GPU's idle intervals between the first and the last window range (`host:engine_step` of a generate,
+`host:fit_actor` of an update), and gives their seconds by the innermost host range open at each moment of the gap,
+and by the GPU activity that ended the gap.
 
 Knows the chrome trace's layout (complete events: `ph` "X", `ts` and `dur` in microseconds, `cat`); nothing of
-vLLM beyond the range names it is given.
+vLLM or DeepSpeed beyond the range names it is given.
 """
 from __future__ import annotations
 
@@ -59,11 +60,14 @@ def innermost(host: list[tuple[float, float, str]], moment: float) -> str:
     return min(open_ranges, key=lambda r: r[1] - r[0])[2]
 
 
-def gap_figures(trace: Path, top: int = 12) -> dict:
+def gap_figures(trace: Path, top: int = 12, window: str = "host:engine_step") -> dict:
+    """The GPU's idle time between the first and the last `window` range (a step each), by innermost host range
+    and by the GPU activity that ended each gap."""
     gpu, host = load_events(trace)
-    steps = [r for r in host if r[2] == "host:engine_step"]
+    steps = [r for r in host if r[2] == window]
     if not steps:
-        raise ValueError(f"{trace}: no host:engine_step range; profile with host_split(llm, ranges=True)")
+        raise ValueError(f"{trace}: no {window} range; profile with the host calls as ranges "
+                         f"(`HostSplit(ranges=True)`)")
     start, end = steps[0][0], max(r[1] for r in steps)
     gaps = idle_gaps(gpu, start, end)
     by_range: dict[str, float] = defaultdict(float)

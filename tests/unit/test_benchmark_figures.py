@@ -128,6 +128,27 @@ def test_gpu_idle_time_is_attributed_to_the_innermost_host_call_and_the_activity
     assert figures["idle_ms_a_step_by_next_gpu_activity"] == {"copy": 40e-3 / 2, "sampler": 20e-3 / 2}
 
 
+def test_an_update_s_gpu_idle_time_is_read_in_its_own_window_range(tmp_path):
+    import pytest
+
+    gap_figures = runpy.run_path(str(REPO_ROOT / "benchmarks" / "gpu_gaps.py"))["gap_figures"]
+    # one update 0–1,000 µs; a micro-batch 0–600 holds its tensors' building (0–100) and its backward (300–600)
+    trace = [{"ph": "X", "name": name, "ts": start, "dur": duration, "cat": category}
+             for name, start, duration, category in (
+                 ("host:fit_actor", 0, 1000, "user_annotation"), ("host:micro_batch", 0, 600, "user_annotation"),
+                 ("host:build_micro_batch", 0, 100, "user_annotation"), ("host:backward", 300, 300, "user_annotation"),
+                 ("fwd", 100, 200, "kernel"), ("bwd", 350, 600, "kernel"))]
+    (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": trace}))
+    figures = gap_figures(tmp_path / "trace.json", window="host:fit_actor")
+    # idle 0–100 (building), 300–350 (backward's launch) and 950–1,000 (the update's end, outside the micro-batch)
+    assert figures["steps"] == 1
+    assert figures["gpu_idle_s"] == 200e-6
+    assert figures["idle_ms_a_step_by_host_range"] == {"host:build_micro_batch": 0.1, "host:fit_actor": 0.05,
+                                                        "host:backward": 0.05}
+    with pytest.raises(ValueError, match="no host:engine_step range"):
+        gap_figures(tmp_path / "trace.json")
+
+
 def test_overlap_saving_is_the_serial_time_the_overlap_hid_over_the_shorter_job():
     overlap_summary = runpy.run_path(str(REPO_ROOT / "benchmarks" / "probe_gpu_overlap.py"))["overlap_summary"]
     hidden_half = overlap_summary({"decode": 2.0, "forward": 1.0}, {"decode": 2.5, "forward": 1.5})

@@ -110,7 +110,10 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
             _gpu_memory_figures(results, run_dir, gpu_peak_gib, gpu_samples, gpu_memory.timeline)
             _host_memory_figures(results, run_dir, host_memory, host_peak_gib)
             if measure_copy_gbps is not None:
-                _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps())
+                from bench_common import bench_config
+
+                kv_cache_dtype = bench_config(config, model_dir, flags).vllm.kv_cache_dtype
+                _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps(), kv_cache_dtype)
 
 
 def _plan_figures(results, config: Path, model_dir: Path, flags: tuple[str, ...], gpu_total_gib: float) -> None:
@@ -195,11 +198,12 @@ def _counter_figures(results, run_dir: Path, samples: list) -> None:
                         "(W) and the host's CPU busy fraction, sampled every 200 ms; sm_mhz_min the lowest")
 
 
-def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> dict[int, dict]:
+def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float,
+                           kv_cache_dtype: str = "auto") -> dict[int, dict]:
     """Per step: the rollout's generation rate (its committed response tokens over the engine's generate seconds, the
     metrics row's `timing_s/generate`) against the decode roofline of that step's batch (bench_vllm's: every decode
     step reads the weights and each sequence's KV cache at the batch's mean context, prompt + half the response, at
-    `copy_gbps`), every sequence decoding at once."""
+    `copy_gbps`, its elements of the run's `kv_cache_dtype`), every sequence decoding at once."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pds
     from bench_vllm import _roofline
@@ -210,15 +214,17 @@ def generation_vs_roofline(run_dir: Path, rows: dict[int, dict], model_dir: Path
         table = rollout.to_table(columns=["prompt_ids", "response_ids"])
         lengths = {name: pc.list_value_length(table.column(name)) for name in ("prompt_ids", "response_ids")}
         mean_context = pc.mean(lengths["prompt_ids"]).as_py() + pc.mean(lengths["response_ids"]).as_py() / 2
-        roofline, _ = _roofline(model_dir, copy_gbps, table.num_rows, mean_context=mean_context)
+        roofline, _ = _roofline(model_dir, copy_gbps, table.num_rows, mean_context=mean_context,
+                                kv_cache_dtype=kv_cache_dtype)
         tok_s = pc.sum(lengths["response_ids"]).as_py() / row["timing_s/generate"]
         figures[step] = {"tok_s": tok_s, "roofline_tok_s": roofline, "fraction": tok_s / roofline,
                          "sequences": table.num_rows, "mean_context": mean_context}
     return figures
 
 
-def _generation_figures(results, run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float) -> None:
-    per_step = generation_vs_roofline(run_dir, rows, model_dir, copy_gbps)
+def _generation_figures(results, run_dir: Path, rows: dict[int, dict], model_dir: Path, copy_gbps: float,
+                        kv_cache_dtype: str) -> None:
+    per_step = generation_vs_roofline(run_dir, rows, model_dir, copy_gbps, kv_cache_dtype)
     timed = [k for k in sorted(per_step) if k >= 2]
     results.figure("iteration_gen_copy_gbps", copy_gbps, note="device copy, read + write bytes, after the run")
     if timed:

@@ -27,7 +27,7 @@ def _ids(count: int, length: int, seed: int) -> list[list[int]]:
 def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, parts: str = "gen,sleep,sync",
                enforce_eager: bool = False, tag: str = "1p7b", engine_options: dict | None = None) -> None:
     """`tag` names the model in the sync figures (`sync_<tag>_s`, …); `engine_options` overrides EngineSettings
-    fields (gpu_memory_utilization, max_num_seqs, block_size) to try generation variants."""
+    fields (gpu_memory_utilization, max_num_seqs, block_size, kv_cache_dtype) to try generation variants."""
     import torch
 
     from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
@@ -43,7 +43,7 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
     results.figure("vllm_start_s", start_s, note="LLM(...) with CUDA graphs and torch.compile, multiprocess")
     results.figure("vllm_engine_gib", (free_before - torch.cuda.mem_get_info()[0]) / 2**30)
     if "gen" in parts:
-        _generation(results, engine, model_dir, copy_gbps, gen_trials)
+        _generation(results, engine, model_dir, copy_gbps, gen_trials, settings.kv_cache_dtype)
     sender = _perturbed_policy(model_dir)
     probe = (_ids(1, 32, 5)[0], _ids(1, 256, 6)[0])
     results.figure("sync_check_before_mean_abs_dlogprob", _mean_abs_dlogprob(engine, sender, probe))
@@ -56,29 +56,33 @@ def bench_vllm(results, model_dir: Path, copy_gbps: float, gen_trials: int, part
                    note="vLLM prompt logprobs vs the sender's HF forward, bf16, 256 tokens")
 
 
+KV_ELEMENT_BYTES = {"auto": 2, "fp8": 1}  # vllm.kv_cache_dtype → bytes a key or value element takes (bf16 runs)
+
+
 def _roofline(model_dir: Path, copy_gbps: float, concurrency: int,
-              mean_context: float = PROMPT_TOKENS + NEW_TOKENS / 2) -> tuple[float, dict]:
+              mean_context: float = PROMPT_TOKENS + NEW_TOKENS / 2, kv_cache_dtype: str = "auto") -> tuple[float, dict]:
     """Decode roofline: every step reads the weights and the KV cache at the mean context (read + write bytes
-    of a device copy measured here set the rate)."""
+    of a device copy measured here set the rate), its elements of `kv_cache_dtype` (vllm.kv_cache_dtype)."""
     import json
 
     shape = json.loads((model_dir / "config.json").read_text())
     weight_bytes = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
-    kv_per_token = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
+    kv_per_token = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] \
+        * KV_ELEMENT_BYTES[kv_cache_dtype]
     step_bytes = weight_bytes + concurrency * mean_context * kv_per_token
     terms = {"weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "mean_context": mean_context,
              "concurrency": concurrency, "copy_gbps": copy_gbps}
     return concurrency / (step_bytes / (copy_gbps * 1e9)), terms
 
 
-def _generation(results, engine, model_dir: Path, copy_gbps: float, trials: int) -> None:
+def _generation(results, engine, model_dir: Path, copy_gbps: float, trials: int, kv_cache_dtype: str) -> None:
     """`gen_tok_s` with per-prompt seeds (the default, `rollout.seed_per_prompt`) and `gen_tok_s_engine_seeded`
     without them (vLLM then draws the whole batch's sampling noise at once instead of one seeded request at a time)."""
     from hybrid_core.engines.vllm_rollout import SamplingSettings
 
     prompts = _ids(PROMPTS, PROMPT_TOKENS, 1)
     engine.generate(prompts[:8], SamplingSettings(n=SAMPLES, max_new_tokens=64, ignore_eos=True), seeds=range(8))  # warm-up
-    roofline, terms = _roofline(model_dir, copy_gbps, PROMPTS * SAMPLES)
+    roofline, terms = _roofline(model_dir, copy_gbps, PROMPTS * SAMPLES, kv_cache_dtype=kv_cache_dtype)
     for seed_per_prompt, suffix in ((True, ""), (False, "_engine_seeded")):
         sampling = SamplingSettings(n=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0, ignore_eos=True,
                                     seed_per_prompt=seed_per_prompt)

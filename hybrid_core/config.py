@@ -52,7 +52,7 @@ class VllmConfig(ConfigBlock):
     IMPLEMENTED: ClassVar[frozenset[str]] = frozenset(
         {"num_engines", "tensor_parallel_size", "sync_backend", "enable_prefix_caching", "enforce_eager",
         "enable_sleep", "gpu_memory_utilization", "sync_bucket_mb", "sleep_level", "max_num_seqs",
-        "attention_backend", "executor_backend", "block_size", "engine_core_process"})
+        "attention_backend", "executor_backend", "block_size", "engine_core_process", "kv_cache_dtype"})
     num_engines: int | None = Field(None, gt=0, description="number of vLLM engines")
     tensor_parallel_size: int = Field(1, gt=0, description="TP degree per engine")
     sync_backend: Literal["nccl", "gloo"] = Field("nccl", description="weight-sync backend")
@@ -76,6 +76,10 @@ class VllmConfig(ConfigBlock):
         "beside vLLM's scheduler, `mp` in a child process, so scheduling a decode step overlaps preparing the next "
         "one's inputs; by default `mp` on GPUs with train.colocate_all, `uni` elsewhere (TP > 1: Ray actors on "
         "GPUs, child processes on CPU)")
+    kv_cache_dtype: Literal["auto", "fp8"] = Field(
+        "auto", description="PROJECT: the KV cache's element type: auto (the model's dtype) or fp8 (e4m3, scale 1), "
+        "which halves the KV cache bytes every decode step reads; the rollout's logprobs then drift a little from "
+        "the trainer's (--algo.advantage.is_correction_enable weighs that)")
     engine_core_process: bool = Field(False, description="PROJECT: vLLM's engine core (its scheduler) runs in a "
                                       "process of its own, apart from the rollout worker's output processing and "
                                       "threads (GPU, train.colocate_all, TP 1)")

@@ -64,6 +64,7 @@ class EngineSettings:
     max_model_len: int = 2048
     max_num_seqs: int | None = None  # None: vLLM's default for the device
     block_size: int | None = None  # KV-cache page size in tokens (vllm.block_size); None: vLLM's default
+    kv_cache_dtype: str = "auto"  # the KV cache's element type (vllm.kv_cache_dtype): auto (the model's) or fp8
     attention_backend: str | None = None  # vLLM's attention backend by name (e.g. TRITON_ATTN); None: vLLM's choice
     executor_backend: str | None = None  # TP 1: "uni" (None) in this process, "mp" in a child process
     engine_core_process: bool = False  # the engine core (scheduler) in a child process; weights as shared buckets
@@ -144,6 +145,8 @@ def engine_options(settings: EngineSettings, platform: str) -> dict:
     build's whole-prompt prefill and the executor of a tensor-parallel engine."""
     options = {key: value for key, value in (("max_num_seqs", settings.max_num_seqs),
                                               ("block_size", settings.block_size)) if value}
+    if settings.kv_cache_dtype != "auto":
+        options["kv_cache_dtype"] = settings.kv_cache_dtype
     if settings.attention_backend:
         options["attention_config"] = {"backend": settings.attention_backend}
     if platform == "cpu":

@@ -71,7 +71,17 @@ def _rollout_line(cfg: RunConfig, plan: RunPlan) -> list[str]:
     core = ", engine core in a process of its own" if cfg.vllm.engine_core_process else ""
     return [f"rollout: {placement.num_engines} vLLM engines × TP {placement.tensor_parallel_size}, {where}, "
             f"gpu_memory_utilization {cfg.vllm.gpu_memory_utilization:g}{runner.get(cfg.engine_executor, '')}{core}",
-            *engine_lines(plan.engines, by_cuda_ipc=plan.sync_transport == "cuda_ipc")]
+            *_kv_cache_lines(cfg), *engine_lines(plan.engines, by_cuda_ipc=plan.sync_transport == "cuda_ipc")]
+
+
+def _kv_cache_lines(cfg: RunConfig) -> list[str]:
+    """The KV cache's element type when it is not the model's, and what that asks of the update."""
+    if cfg.vllm.kv_cache_dtype == "auto":
+        return []
+    corrected = "the IS correction weighs the difference" if cfg.algo.advantage.is_correction_enable else \
+        "nothing corrects for that (--algo.advantage.is_correction_enable would)"
+    return [f"KV cache: {cfg.vllm.kv_cache_dtype} (e4m3, one byte a value, scale 1): the "
+            f"rollout samples from a slightly different policy than the trainer's; {corrected}"]
 
 
 def _reward_lines(cfg: RunConfig, placement: Placement) -> list[str]:

@@ -120,7 +120,8 @@ def engine_settings(cfg: RunConfig) -> EngineSettings:
                           enable_prefix_caching=v.enable_prefix_caching, enable_sleep=v.enable_sleep,
                           sleep_level=v.sleep_level, tensor_parallel_size=v.tensor_parallel_size,
                           max_model_len=cfg.data.max_len, seed=cfg.train.seed, max_num_seqs=v.max_num_seqs,
-                          block_size=v.block_size, attention_backend=v.attention_backend,
+                          block_size=v.block_size, kv_cache_dtype=v.kv_cache_dtype,
+                          attention_backend=v.attention_backend,
                           executor_backend=cfg.engine_executor, engine_core_process=v.engine_core_process,
                           lora=LoraSettings.of(cfg.ds.lora, cfg.train.seed))
 

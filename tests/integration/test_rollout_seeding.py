@@ -4,7 +4,8 @@ seeds make an engine of two tensor-parallel workers (vLLM's CPU build runs them 
 them) generate the samples of one worker, as does one worker in a child process (`vllm.executor_backend mp`), also
 beneath an engine core in a process of its own (`vllm.engine_core_process`), and engines taking contiguous shares of
 the prompts generate what one engine does with all of them; a weight update changes the TP engine's and the
-child-process engine's samples exactly as the one-worker engine's."""
+child-process engine's samples exactly as the one-worker engine's. An fp8 KV cache (`vllm.kv_cache_dtype`) moves the
+logprobs of the same tokens a little off the model's."""
 from __future__ import annotations
 
 import os
@@ -27,7 +28,7 @@ FORMAT = PromptFormat(apply_chat_template=False, input_template=None, max_len=64
 
 
 def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, executor_backend: str | None = None,
-                 engine_core_process: bool = False):
+                 engine_core_process: bool = False, kv_cache_dtype: str = "auto"):
     """One vLLM CPU engine in a Ray actor of its own, with a rollout worker's environment (its core in that actor's
     process unless `engine_core_process`; its TP workers, if any, are child processes of that actor)."""
     from hybrid_core.workers.placement import role_env
@@ -35,7 +36,7 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
     @ray_session.remote(num_cpus=0)
     class SeedingEngine:
         def __init__(self, model_path: str, tensor_parallel_size: int, executor_backend: str | None,
-                     engine_core_process: bool):
+                     engine_core_process: bool, kv_cache_dtype: str):
             from hybrid_core.engines.vllm_rollout import EngineSettings, VllmRolloutEngine
 
             # 0.1 of the memory node (0.05 left a negative KV cache once the worker's own ~0.9 GiB was counted)
@@ -44,7 +45,8 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
                                                            gpu_memory_utilization=0.1, seed=0, enforce_eager=True,
                                                            max_model_len=64, tensor_parallel_size=tensor_parallel_size,
                                                            executor_backend=executor_backend,
-                                                           engine_core_process=engine_core_process))
+                                                           engine_core_process=engine_core_process,
+                                                           kv_cache_dtype=kv_cache_dtype))
 
         def generate(self, prompts, sampling: SamplingSettings, step: int) -> list[dict]:
             return generate_rows(self.engine, self.engine.tokenizer, prompts, FORMAT, sampling, seed=7, step=step,
@@ -56,6 +58,9 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
         def load_weights(self, named: list) -> None:
             self.engine.load_weights(named)
             self.engine.finish_weight_update()
+
+        def cache_dtype(self) -> str:  # the KV cache's element type as vLLM configured it
+            return self.engine.llm.llm_engine.vllm_config.cache_config.cache_dtype
 
         def processes(self) -> tuple[int, list[int]]:  # this actor's pid and its descendants'
             return os.getpid(), [child.pid for child in psutil.Process().children(recursive=True)]
@@ -89,7 +94,7 @@ def engine_actor(ray_session, model_path: str, tensor_parallel_size: int, execut
 
     env = {"env_vars": role_env("rollout", on_cpu=True)}
     return SeedingEngine.options(runtime_env=env).remote(model_path, tensor_parallel_size, executor_backend,
-                                                         engine_core_process)
+                                                         engine_core_process, kv_cache_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +221,30 @@ def test_an_engine_core_apart_generates_the_in_process_engines_samples_and_ends_
         assert survivors_of_a_kill(pid, children) == []
     finally:
         ray_session.kill(apart)
+
+
+def test_an_fp8_kv_cache_moves_the_engines_logprobs_a_little_off_the_models(engine, tiny_model, ray_session):
+    """`--vllm.kv_cache_dtype fp8`: vLLM keeps keys and values in one byte each (e4m3, scale 1), so its logprobs of
+    the same tokens leave the model's fp32 ones by about 1e-2 (the default cache: within 1e-5), and stay close."""
+    from transformers import AutoModelForCausalLM
+
+    fp8 = engine_actor(ray_session, str(tiny_model), 1, kv_cache_dtype="fp8")
+    try:
+        assert ray.get([fp8.cache_dtype.remote(), engine.cache_dtype.remote()], timeout=60) == ["fp8", "auto"]
+        rows = list(generated(engine, PROMPTS).values())
+        prompts, answers = [r["prompt_ids"] for r in rows], [r["response_ids"] for r in rows]
+        exact, quantized = ray.get([engine.score.remote(prompts, answers), fp8.score.remote(prompts, answers)],
+                                   timeout=300)
+    finally:
+        ray_session.kill(fp8)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
+    reference = [logprobs_of(model, row) for row in rows]
+    assert [len(q) for q in quantized] == [len(r) for r in reference]
+    for default_row, model_row in zip(exact, reference):
+        assert default_row == pytest.approx(model_row, rel=0, abs=1e-5)
+    off = [abs(q - r) for q_row, r_row in zip(quantized, reference) for q, r in zip(q_row, r_row)]
+    assert sum(off) / len(off) > 1e-3  # 7.9e-3 on the CPU build (2026-12-07), the largest 0.033
+    assert max(off) < 0.1
 
 
 def test_a_weight_update_moves_the_tp_engine_like_one_worker(engine, tp_engine, mp_engine, tiny_model):

@@ -68,6 +68,9 @@ def test_generation_is_judged_against_the_decode_roofline_of_its_own_step(tmp_pa
     assert figures == {2: {"tok_s": 1536, "roofline_tok_s": roofline, "fraction": 1536.0 / roofline,
                            "sequences": 2, "mean_context": 484.0}}
     assert abs(figures[2]["fraction"] - 0.597315) < 1e-6
+    # an fp8 KV cache: a byte a value, 57,344 bytes a token; 3e9 + 2 · 484 · 57,344 = 3,055,508,992 bytes a step
+    fp8 = bench["generation_vs_roofline"](tmp_path, rows, model, copy_gbps=4000.0, kv_cache_dtype="fp8")
+    assert fp8[2]["roofline_tok_s"] == 2 / (3_055_508_992 / 4e12)
 
 
 def test_machine_counters_are_parsed_and_averaged_over_each_stage_window():

@@ -265,8 +265,9 @@ def test_derived_values():
 
 def test_leaf_paths_and_changed_fields():
     paths = leaf_paths()
-    # OpenRLHF 0.11's and PROJECT ones; the newest: ds.lora.save_merged
-    assert len(paths) == 192
+    # OpenRLHF 0.11's and PROJECT ones; the newest: vllm.kv_cache_dtype
+    assert len(paths) == 193
+    assert paths["vllm.kv_cache_dtype"].default == "auto"
     assert paths["ds.logit_chunk_tokens"].default == 4096
     assert "reward.remote_batch_size" in paths and paths["reward.remote_batch_size"].default == 32
     assert paths["actor.adam.lr"].default == 1e-6

@@ -220,8 +220,9 @@ def test_the_engine_options_pass_what_the_configuration_sets_and_leave_the_rest_
 
     cfg = parse_cli(["--actor.model_name_or_path", "m", "--vllm.attention_backend", "TRITON_ATTN",
                      "--vllm.max_num_seqs", "64", "--vllm.tensor_parallel_size", "2", "--data.max_len", "1152",
-                     "--vllm.block_size", "64"])
+                     "--vllm.block_size", "64", "--vllm.kv_cache_dtype", "fp8"])
     assert engine_options(engine_settings(cfg), "cuda") == {"max_num_seqs": 64, "block_size": 64,
+                                                            "kv_cache_dtype": "fp8",
                                                             "attention_config": {"backend": "TRITON_ATTN"},
                                                             "distributed_executor_backend": "ray"}
     plain = EngineSettings(model_path="m", gpu_memory_utilization=0.5, seed=0, max_model_len=1152)

@@ -125,8 +125,8 @@ def test_seed_recipe_namespaces_dump_as_typed_dicts():
                             "sync_with_ray": False, "enable_prefix_caching": False, "enforce_eager": True,
                             "enable_sleep": True, "gpu_memory_utilization": 0.7, "sync_bucket_mb": 1024,
                             "sleep_level": 1, "max_num_seqs": None,
-                            "attention_backend": None, "block_size": None, "executor_backend": None,
-                            "engine_core_process": False}
+                            "attention_backend": None, "block_size": None, "kv_cache_dtype": "auto",
+                            "executor_backend": None, "engine_core_process": False}
     assert dump["algo"] == {
         "advantage": {"estimator": "reinforce_baseline", "gamma": 1.0, "lambd": 1.0, "no_std_norm": False,
                       "is_correction_enable": True, "is_correction_threshold": (0.5, 5.0),
@@ -237,7 +237,7 @@ def test_yaml_round_trip(tmp_path):
 
 def test_flag_names():
     names = flag_names()
-    assert len(names) == 197  # 192 fields + the negations of the booleans that default to true or to the run's choice:
+    assert len(names) == 198  # 193 fields + the negations of the booleans that default to true or to the run's choice:
     # --actor.muon.no_nesterov, --critic.muon.no_nesterov, --rollout.no_seed_per_prompt, --rollout.no_logprobs,
     # --ds.no_use_liger_kernel
     assert names[:2] == ["--actor.optim", "--actor.adam.lr"]

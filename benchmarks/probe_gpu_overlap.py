@@ -1,7 +1,8 @@
 """Whether two GPU-bound jobs of one step overlap on one GPU, and how (issue 48, target 4): a decode-like job
-(CUDA-graphed steps of a 1.7B-shaped layer stack at a batch of 256 rows, and of 32 rows for a rollout's tail; it
-reads every weight each step, so it is bound by memory bandwidth) beside a forward-like job (the same stack over
-16,384 tokens at a time on a second set of weights, the reference's logprob forward; bound by matmul throughput).
+(CUDA-graphed steps of a 1.7B-shaped layer stack at a batch of 256 rows, and of 32 rows for a rollout's tail, each
+row attending over a KV cache of CONTEXT tokens; it reads every weight and the whole cache each step, so it is bound
+by memory bandwidth, as the iteration's generation is) beside a forward-like job (the same stack over 16,384 tokens
+at a time on a second set of weights, the reference's logprob forward; bound by matmul throughput).
 
 Modes, every one in fresh child processes so that no mode inherits another's memory or context:
 - `alone`: each job by itself, the baseline;
@@ -23,9 +24,11 @@ import subprocess
 import time
 
 HIDDEN, INTER, QKV, VOCAB, LAYERS = 2048, 6144, 4096, 151936, 28  # Qwen3-1.7B: q 2048 + k 1024 + v 1024
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+CONTEXT = 560  # the iteration's mean decode context (prompt + half the response)
 FORWARD_TOKENS, HEAD_CHUNK = 16384, 4096
-DECODE_BATCHES = (256, 32)
-DECODE_STEPS, FORWARDS = 1500, 20  # about 2 s each alone on an H100
+DECODE_STEPS = {256: 300, 32: 1000}  # decode batch → steps: about 2 s alone on an H100, as are the forwards
+FORWARDS = 20
 CHILD_TIMEOUT_S = 300
 
 
@@ -54,13 +57,28 @@ def _stack(seed: int):
     return layers, weight(HIDDEN, VOCAB)
 
 
-def _run_stack(x, stack, chunk: int):
-    """The layer stack's matmuls over `x` (rows × HIDDEN), then the head chunk by chunk, each reduced to its row
-    maximum so no full logits tensor is kept."""
+def _kv_cache(batch: int):
+    """Each layer's (keys, values), (batch · KV_HEADS, CONTEXT, HEAD_DIM) each: 16.4 GB at a batch of 256."""
+    import torch
+
+    shape = (batch * KV_HEADS, CONTEXT, HEAD_DIM)
+    return [(torch.randn(shape, device="cuda", dtype=torch.bfloat16),
+             torch.randn(shape, device="cuda", dtype=torch.bfloat16)) for _ in range(LAYERS)]
+
+
+def _run_stack(x, stack, chunk: int, kv=None):
+    """The layer stack's matmuls over `x` (rows × HIDDEN), each row's query heads attending over its cached keys
+    and values when `kv` is given (a decode step), then the head chunk by chunk, each reduced to its row maximum so
+    no full logits tensor is kept."""
     layers, head = stack
-    for qkv, out, gate_up, down in layers:
-        attended = (x @ qkv)[:, :HIDDEN] @ out
-        x = (attended @ gate_up)[:, :INTER] @ down
+    for index, (qkv, out, gate_up, down) in enumerate(layers):
+        attended = (x @ qkv)[:, :HIDDEN]
+        if kv is not None:
+            keys, values = kv[index]
+            queries = attended.reshape(x.shape[0] * KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
+            scores = (queries @ keys.transpose(1, 2) * HEAD_DIM**-0.5).softmax(dim=-1)
+            attended = (scores @ values).reshape(x.shape[0], HIDDEN)
+        x = ((attended @ out) @ gate_up)[:, :INTER] @ down
     return [(x[i:i + chunk] @ head).amax(dim=1) for i in range(0, x.shape[0], chunk)]
 
 
@@ -72,17 +90,18 @@ class Jobs:
 
         self.graph = self.tokens = None
         if "decode" in roles:
-            self.decode_stack, self.rows = _stack(seed=1), torch.randn(batch, HIDDEN, device="cuda",
-                                                                       dtype=torch.bfloat16)
+            self.decode_stack, self.kv = _stack(seed=1), _kv_cache(batch)
+            self.rows = torch.randn(batch, HIDDEN, device="cuda", dtype=torch.bfloat16)
+            self.steps = DECODE_STEPS[batch]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(3):  # warm the kernels before the capture
-                    _run_stack(self.rows, self.decode_stack, batch)
+                    _run_stack(self.rows, self.decode_stack, batch, self.kv)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                _run_stack(self.rows, self.decode_stack, batch)
+                _run_stack(self.rows, self.decode_stack, batch, self.kv)
         if "forward" in roles:
             self.forward_stack = _stack(seed=2)
             self.tokens = torch.randn(FORWARD_TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
@@ -112,7 +131,7 @@ def _one_job(jobs: Jobs, role: str) -> dict:
 
     start = time.perf_counter()
     if role == "decode":
-        jobs.decode(DECODE_STEPS)
+        jobs.decode(jobs.steps)
     else:
         for _ in range(FORWARDS):
             jobs.forward()
@@ -130,14 +149,14 @@ def _two_streams(jobs: Jobs) -> dict:
     start.record()
     for stream in (decode_stream, forward_stream):
         stream.wait_event(start)
-    per_forward = DECODE_STEPS // FORWARDS
+    per_forward = jobs.steps // FORWARDS
     for _ in range(FORWARDS):
         with torch.cuda.stream(forward_stream):
             jobs.forward()
         with torch.cuda.stream(decode_stream):
             jobs.decode(per_forward)
     with torch.cuda.stream(decode_stream):
-        jobs.decode(DECODE_STEPS - per_forward * FORWARDS)
+        jobs.decode(jobs.steps - per_forward * FORWARDS)
     ends = {}
     for role, stream in (("decode", decode_stream), ("forward", forward_stream)):
         ends[role] = torch.cuda.Event(enable_timing=True)
@@ -220,11 +239,11 @@ def probe_gpu_overlap(results) -> None:
     if os.environ.get("PROBE_OVERLAP_MPS") == "1" and daemon is None:
         results.figure("overlap_mps_available", False, note="nvidia-cuda-mps-control is not on the PATH")
     try:
-        for batch in DECODE_BATCHES:
+        for batch in DECODE_STEPS:
             found = _modes(batch, daemon[0] if daemon else None)
             results.figure(f"overlap_alone_b{batch}_s", found.pop("alone"),
-                           note=f"seconds alone: {DECODE_STEPS} decode steps of {batch} rows; {FORWARDS} forwards "
-                                f"of {FORWARD_TOKENS} tokens")
+                           note=f"seconds alone: {DECODE_STEPS[batch]} decode steps of {batch} rows over "
+                                f"{CONTEXT} cached tokens each; {FORWARDS} forwards of {FORWARD_TOKENS} tokens")
             for mode, summary in found.items():
                 results.figure(f"overlap_{mode}_b{batch}_saving", summary["saving_fraction"], trials=summary,
                                note="the shorter job's alone seconds hidden by running both at once (1: all)")

@@ -143,13 +143,13 @@ def _kernel_problems(cfg: RunConfig) -> list[str]:
                         f"{cfg.train.device}; drop --ds.use_liger_kernel")
     elif cfg.ds.use_liger_kernel and not liger_installed():
         problems.append(f"ds.use_liger_kernel needs the liger-kernel package: {LIGER_INSTALL_HINT}")
-    if cfg.vllm.kv_cache_dtype != "auto" and cfg.train.device == "cpu" and not _cpu_has_fp8_attention():
+    if cfg.vllm.kv_cache_dtype != "auto" and cfg.train.device == "cpu" and not cpu_has_fp8_attention():
         problems.append(f"vllm.kv_cache_dtype {cfg.vllm.kv_cache_dtype} on CPU needs x86 with AVX-512 or AMX (vLLM's "
                         "CPU attention): this machine has neither; drop --vllm.kv_cache_dtype")
     return problems
 
 
-def _cpu_has_fp8_attention(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+def cpu_has_fp8_attention(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this machine's CPU runs vLLM's fp8 KV cache (AVX-512 or AMX); True where /proc/cpuinfo is missing
     (vLLM then says it at the engine's start)."""
     if not cpuinfo.is_file():

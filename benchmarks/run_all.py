@@ -15,8 +15,8 @@ Usage (on the GPU machine, repository root on PYTHONPATH):
   python3 benchmarks/run_all.py --model DIR --out FILE.json [--only anchors,ds,vllm] [--git-sha SHA]
   python3 benchmarks/run_all.py --model DIR --model-4b DIR4B --only train,sync4b,memory,iteration --out FILE.json
   (`train1p7b` / `train4b` alone measure one model's MFU on the default path; `train1p7b_torch_head` the 1.7B
-  with the head's maths in PyTorch ops; `train_liger` both with --ds.use_liger_kernel; `train_gaps` one 1.7B
-  update under torch's profiler, the GPU's idle time by host call)
+  with the head's maths in PyTorch ops; `train_liger` both with --ds.use_liger_kernel; `train_gaps` the
+  iteration config's update under torch's profiler, the GPU's idle time by host call)
   python3 benchmarks/run_all.py --model DIR --only logprob_kernel,h2d,wake_copy --out FILE.json  (no DeepSpeed or
   vLLM: the head's kernels against PyTorch's ops, where large host-to-device copies lose speed, and the wake's copy
   by the copy engine against the multiprocessors' kernel)
@@ -272,10 +272,11 @@ def run_train_sections(results: Results, args, sections: list[str], ceilings: di
             results.section("train_4b_liger", lambda: bench_train_mfu(results, args.model_4b, "4b",
                                                                       ceilings["tflops"], token_budget=8192,
                                                                       liger=True))
-    if "train_gaps" in sections:  # one packed 1.7B update under torch's profiler: where its GPU idles
+    if "train_gaps" in sections:  # the iteration config's update under torch's profiler: where its GPU idles
         from profile_train_gaps import train_gaps
 
-        results.section("train_gaps", lambda: train_gaps(results, args.model))
+        results.section("train_gaps", lambda: train_gaps(results, args.model, args.iteration_config,
+                                                         list(args.iteration_flag)))
     if "sync4b" in sections and args.model_4b:
         from bench_vllm import bench_vllm
 

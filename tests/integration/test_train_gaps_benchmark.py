@@ -15,8 +15,9 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # 4 samples of 48 prompt + 16 new tokens, a token budget of 64 a micro-batch: one sample each, 4 micro-batches
 CPU_FLAGS = ["--train.device=cpu", "--ds.param_dtype=fp32", "--rollout.batch_size=2",
-             "--rollout.n_samples_per_prompt=2", "--train.batch_size=4", "--train.micro_batch_size=2", "--rollout.micro_batch_size=2",
-             "--rollout.max_new_tokens=16", "--train.max_tokens_per_gpu=64", "--data.max_len=128"]
+             "--rollout.n_samples_per_prompt=2", "--train.batch_size=4", "--train.micro_batch_size=2",
+             "--rollout.micro_batch_size=2", "--rollout.max_new_tokens=16", "--train.max_tokens_per_gpu=64",
+             "--data.max_len=128"]
 
 
 def test_the_train_gaps_section_profiles_every_micro_batch_of_the_update(tiny_model, tmp_path):

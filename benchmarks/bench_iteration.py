@@ -94,6 +94,9 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
     results.data["meta"]["iteration_config"] = str(config.relative_to(REPO_ROOT))
     if gpu_total_gib is not None:
         results.section("iteration_plan", lambda: _plan_figures(results, config, model_dir, flags, gpu_total_gib))
+    from bench_common import bench_config
+
+    kv_cache_dtype = bench_config(config, model_dir, flags).vllm.kv_cache_dtype  # the roofline's bytes a value
     sampler = CounterSampler()
     gpu_memory = GpuMemorySampler()
     host_memory = HostMemorySampler()
@@ -110,9 +113,6 @@ def bench_iteration(results, model_dir: Path, root: Path, flags: tuple[str, ...]
             _gpu_memory_figures(results, run_dir, gpu_peak_gib, gpu_samples, gpu_memory.timeline)
             _host_memory_figures(results, run_dir, host_memory, host_peak_gib)
             if measure_copy_gbps is not None:
-                from bench_common import bench_config
-
-                kv_cache_dtype = bench_config(config, model_dir, flags).vllm.kv_cache_dtype
                 _generation_figures(results, run_dir, rows, model_dir, measure_copy_gbps(), kv_cache_dtype)
 
 
